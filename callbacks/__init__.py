@@ -1,0 +1,3 @@
+"""Keras callbacks from kfast (installed as `kfast.callbacks`)."""
+
+__all__ = []

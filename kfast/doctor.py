@@ -1,0 +1,166 @@
+"""`kfast doctor`: one report on everything kfast depends on, for a bug report or a first look.
+
+Each check records what it found; each problem carries its fix and a severity. An "error" means a
+required piece is broken (the CLI then exits non-zero); a "warning" means something optional is missing.
+"""
+
+import importlib.metadata
+import os
+import platform
+import sys
+
+from kfast import distributed
+from kfast import nvml
+
+
+def _dist_version(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _problem(report, severity, problem, fix):
+    report["problems"].append({"severity": severity, "problem": problem, "fix": fix})
+
+
+def _check_keras(report):
+    try:
+        import keras
+    except Exception as e:  # noqa: BLE001 - a broken install is what doctor reports
+        report["keras"] = {"version": None, "backend": None, "error": f"{type(e).__name__}: {e}"}
+        _problem(report, "error", f"keras cannot be imported ({e}).", "pip install 'keras>=3'")
+        return None
+    backend = keras.backend.backend()
+    report["keras"] = {"version": keras.__version__, "backend": backend, "error": None}
+    if not keras.__version__.startswith("3."):
+        _problem(report, "error", f"keras {keras.__version__} is installed; kfast needs Keras 3.",
+                 "pip install 'keras>=3,<4'")
+    return backend
+
+
+def _check_tensorflow(report, backend):
+    try:
+        import tensorflow as tf
+    except Exception as e:  # noqa: BLE001
+        report["tensorflow"] = {"version": None, "gpus": None, "error": f"{type(e).__name__}: {e}"}
+        severity = "error" if backend == "tensorflow" else "warning"
+        _problem(report, severity, f"TensorFlow cannot be imported ({e}); the distributed layer needs it.",
+                 "pip install 'kfast[cpu]' on a CPU machine or 'kfast[gpu]' on a GPU machine")
+        return None
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    report["tensorflow"] = {"version": tf.__version__, "gpus": gpus, "error": None}
+    return tf.__version__
+
+
+def _check_horovod(report, tf_version):
+    info = distributed.build_info()
+    info["tensorflow_matches"] = None
+    if info["built_for_tensorflow"] and tf_version:
+        info["tensorflow_matches"] = info["built_for_tensorflow"] == tf_version
+    report["horovod"] = info
+    if not info["installed"]:
+        _problem(report, "warning", "Horovod is not installed: training runs on one process only.",
+                 "bash scripts/install_horovod.sh (builds Horovod 0.28.1 for the installed TensorFlow)")
+    elif info["tensorflow_matches"] is False:
+        _problem(report, "error",
+                 f"Horovod was built for TensorFlow {info['built_for_tensorflow']} but {tf_version} is "
+                 "installed; its ops will not load.",
+                 "rebuild it: bash scripts/install_horovod.sh")
+    elif info["error"]:
+        _problem(report, "error", f"Horovod is installed but its TensorFlow extension fails: {info['error']}",
+                 "rebuild it: bash scripts/install_horovod.sh")
+    elif not (info["gloo"] or info["mpi"]):
+        _problem(report, "error", "Horovod was built without Gloo or MPI, so horovodrun cannot start jobs.",
+                 "rebuild it: bash scripts/install_horovod.sh")
+
+
+def _check_gpus(report):
+    report["nvidia_ml_py"] = {"version": _dist_version("nvidia-ml-py"), "driver": None}
+    try:
+        report["nvidia_ml_py"]["driver"] = nvml.driver_version()
+        report["gpus"] = nvml.list_gpus()
+        report["gpus_reason"] = None if report["gpus"] else "NVML found no GPU."
+    except nvml.NvmlUnavailable as e:
+        report["gpus"] = []
+        report["gpus_reason"] = str(e)
+    tf_gpus = (report.get("tensorflow") or {}).get("gpus")
+    if report["gpus"] and tf_gpus == 0:
+        _problem(report, "warning",
+                 f"NVML sees {len(report['gpus'])} GPU(s) but TensorFlow sees none, so training runs on CPU.",
+                 "install the GPU build: pip install 'kfast[gpu]' (tensorflow[and-cuda]) and remove tensorflow-cpu")
+
+
+def collect():
+    """Runs every check.
+
+    Returns:
+        A JSON-serialisable dict: `kfast`, `python`, `platform`, `keras`, `tensorflow`, `horovod`,
+        `nvidia_ml_py`, `cpus`, `gpus`, `gpus_reason` and `problems` (each with `severity`, `problem`
+        and `fix`).
+
+    Example:
+
+    >>> report = kfast.doctor.collect()  # doctest: +SKIP
+    >>> [p["fix"] for p in report["problems"]]  # doctest: +SKIP
+    """
+    from kfast import __version__
+
+    report = {
+        "kfast": __version__,
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "platform": platform.platform(),
+        "cpus": {"total": os.cpu_count(), "usable": len(os.sched_getaffinity(0))},
+        "problems": [],
+    }
+    backend = _check_keras(report)
+    tf_version = _check_tensorflow(report, backend)
+    _check_horovod(report, tf_version)
+    _check_gpus(report)
+    return report
+
+
+def has_errors(report):
+    return any(p["severity"] == "error" for p in report["problems"])
+
+
+def _or(value, missing="not installed"):
+    return missing if value is None else value
+
+
+def format_report(report):
+    """Returns the report as aligned text lines for a terminal."""
+    tf = report["tensorflow"]
+    keras = report["keras"]
+    hvd = report["horovod"]
+    nv = report["nvidia_ml_py"]
+    lines = [f"kfast {report['kfast']} doctor", ""]
+    rows = [("python", f"{report['python']['version']} ({report['python']['executable']})"),
+            ("platform", report["platform"]),
+            ("keras", f"{_or(keras['version'])}, backend {_or(keras['backend'], 'unknown')}"),
+            ("tensorflow", f"{_or(tf['version'])}" + (f", sees {tf['gpus']} GPU(s)" if tf["version"] else ""))]
+    if hvd["installed"]:
+        built = [name for name in ("gloo", "mpi", "nccl", "cuda") if hvd[name]]
+        match = {True: "matches", False: "MISMATCH", None: "unknown"}[hvd["tensorflow_matches"]]
+        rows.append(("horovod", f"{_or(hvd['version'], 'broken')}, built with {', '.join(built) or 'nothing'}; "
+                                f"built for TensorFlow {_or(hvd['built_for_tensorflow'], '?')} ({match})"))
+    else:
+        rows.append(("horovod", "not installed"))
+    rows.append(("nvidia-ml-py", f"{_or(nv['version'])}, driver {_or(nv['driver'], 'unavailable')}"))
+    rows.append(("cpus", f"{report['cpus']['usable']} usable of {report['cpus']['total']}"))
+    if report["gpus"]:
+        for gpu in report["gpus"]:
+            rows.append((f"gpu {gpu['index']}", f"{gpu['name']}, {gpu['memory_used_mib']}/"
+                                                f"{gpu['memory_total_mib']} MiB used, {gpu['utilization_percent']}% busy"))
+    else:
+        rows.append(("gpus", f"none visible: {report['gpus_reason']}"))
+    lines += [f"  {name:<13} {value}" for name, value in rows]
+    lines.append("")
+    if report["problems"]:
+        lines.append("Problems:")
+        for p in report["problems"]:
+            lines.append(f"  [{p['severity']}] {p['problem']}")
+            lines.append(f"      fix: {p['fix']}")
+    else:
+        lines.append("No problems found.")
+    return "\n".join(lines)

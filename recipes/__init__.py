@@ -1,0 +1,3 @@
+"""Ready-made training recipes (installed as `kfast.recipes`)."""
+
+__all__ = []

@@ -1,0 +1,1 @@
+from helpers import horovodrun  # noqa: F401 - a fixture, exported to every test

@@ -1,0 +1,51 @@
+"""The package installs as designed: callbacks/ and recipes/ only as kfast.callbacks / kfast.recipes."""
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from helpers import REPO
+
+
+def _python(code, cwd, env=None):
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_public_api_imports():
+    import kfast
+    import kfast.callbacks
+    import kfast.recipes
+
+    assert kfast.__version__ == "0.1.0"
+    assert os.path.samefile(os.path.dirname(kfast.callbacks.__file__), os.path.join(REPO, "callbacks"))
+
+
+def test_editable_install_maps_subpackages(tmp_path):
+    # Run outside the repository so the working directory cannot make `callbacks` importable.
+    ok = _python("import kfast.callbacks, kfast.recipes; print('ok')", cwd=tmp_path)
+    assert ok.stdout.strip() == "ok", ok.stderr
+    for top in ("callbacks", "recipes"):
+        bad = _python(f"import {top}", cwd=tmp_path)
+        assert bad.returncode != 0 and "No module named" in bad.stderr
+
+
+@pytest.mark.timeout(300)
+def test_regular_install_maps_subpackages(tmp_path):
+    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheel_dir), REPO], check=True, timeout=240, capture_output=True)
+    (wheel,) = wheel_dir.glob("kfast-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "kfast/callbacks/__init__.py" in names and "kfast/recipes/__init__.py" in names
+    assert not any(n.startswith(("callbacks/", "recipes/")) for n in names)
+    zipfile.ZipFile(wheel).extractall(target)
+    env = {"PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"}
+    ok = _python("import kfast.callbacks, kfast.recipes, kfast; print(kfast.__file__)", cwd=tmp_path, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip().startswith(str(target))
+    bad = _python("import callbacks", cwd=tmp_path, env=env)
+    assert bad.returncode != 0
