@@ -1,8 +1,9 @@
 """kfast: keep the accelerator fed and scale Keras 3 training with Horovod."""
 
+from kfast import data
 from kfast import distributed
 from kfast import nvml
 
 __version__ = "0.1.0"
 
-__all__ = ["distributed", "nvml", "__version__"]
+__all__ = ["data", "distributed", "nvml", "__version__"]

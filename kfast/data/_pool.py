@@ -1,0 +1,205 @@
+"""Worker pools behind FastLoader: processes with a shared-memory ring, or threads.
+
+Both take tasks `submit(seq, index, epoch)` and hand back `result(seq)` in any order the caller asks;
+the loader decides the order and bounds how many tasks are in flight (never more than the ring's slots).
+"""
+
+import multiprocessing
+import pickle
+import sys
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import connection
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from kfast.data import _worker
+from kfast.data import structure
+
+# A fresh interpreter per worker: forking a parent whose TensorFlow (or JAX) runtime already started
+# threads can deadlock the child, and Keras users almost always have it started.
+_START_METHOD = "spawn"
+
+
+class WorkerError(RuntimeError):
+    """A FastLoader worker failed; the message holds the batch index and the worker's traceback."""
+
+
+def _shutdown(processes, conns, shm):
+    for conn in conns:
+        try:
+            conn.send(None)
+        except (OSError, ValueError):
+            pass
+    for p in processes:
+        p.join(timeout=2)
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=2)
+    for conn in conns:
+        conn.close()
+    if shm is not None:
+        shm.close()
+        try:
+            shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class _Recycler:
+    """Hands out output arrays, reusing ones nobody references any more.
+
+    A fresh multi-megabyte array costs a page fault per page on first touch, which is slower than the
+    copy that fills it. An array whose only reference is this pool's own list (refcount 2 inside
+    `sys.getrefcount`) cannot be seen by anyone, so it can be filled again. Views, tensors sharing its
+    memory and batches a user keeps all hold a reference, so their memory is never reused.
+    """
+
+    def __init__(self, per_key):
+        self._per_key = per_key
+        self._pools = {}
+
+    def take(self, shape, dtype):
+        pool = self._pools.setdefault((shape, dtype), [])
+        for arr in pool:
+            if sys.getrefcount(arr) == 3:  # the list, `arr`, and getrefcount's argument
+                return arr
+        arr = np.empty(shape, dtype)
+        if len(pool) < self._per_key:
+            pool.append(arr)
+        return arr
+
+
+class ProcessPool:
+    """`workers` spawned processes; numeric batches come back through `slots` shared-memory slots."""
+
+    def __init__(self, dataset, workers, slots, slot_bytes, name):
+        main = sys.modules.get("__main__")
+        if type(dataset).__module__ == "__main__" and not hasattr(main, "__file__"):
+            raise TypeError(
+                f"{name} is defined in an interactive session (a notebook or REPL), which FastLoader's worker "
+                "processes cannot import. Move the class into a .py module and import it, or pass "
+                "use_multiprocessing=False to use threads.")
+        try:
+            payload = pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - pickling can raise almost anything
+            raise TypeError(
+                f"FastLoader(use_multiprocessing=True) must send {name} to worker processes, but it cannot be "
+                f"pickled ({type(e).__name__}: {e}). Define the class at module level and keep open files or "
+                "locks out of its state, or pass use_multiprocessing=False to use threads."
+            ) from e
+        self.slots, self.slot_bytes = slots, slot_bytes
+        self._shm = shared_memory.SharedMemory(create=True, size=slots * slot_bytes) if slot_bytes else None
+        ring = (self._shm.name, slot_bytes) if self._shm else None
+        ctx = multiprocessing.get_context(_START_METHOD)
+        self._processes, self._conns = [], []
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._shm)
+        for i in range(workers):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_worker.run, args=(child_end, payload, ring), name=f"kfast-loader-{i}",
+                            daemon=True)
+            p.start()
+            child_end.close()  # so a dead worker reads as EOF here, not as silence
+            self._processes.append(p)
+            self._conns.append(parent_end)
+        self._pending = [dict() for _ in range(workers)]  # per worker: seq -> index
+        self._replies = {}
+        self._started = [False] * workers
+        self._buffers = _Recycler(per_key=slots + 2)
+
+    def submit(self, seq, index, epoch):
+        w = min(range(len(self._pending)), key=lambda i: len(self._pending[i]))
+        self._pending[w][seq] = index
+        self._conns[w].send(("task", seq, index, epoch, seq % self.slots))
+
+    def update_dataset(self, dataset):
+        payload = pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
+        for conn in self._conns:
+            conn.send(("dataset", payload))
+
+    def result(self, seq):
+        while seq not in self._replies:
+            sentinels = {p.sentinel: i for i, p in enumerate(self._processes)}
+            ready = connection.wait(self._conns + list(sentinels), timeout=5.0)
+            for obj in ready:
+                if obj in sentinels:
+                    continue  # handled below, after draining what the worker managed to send
+                w = self._conns.index(obj)
+                try:
+                    reply = obj.recv()
+                except (EOFError, OSError):
+                    self._raise_dead(w)
+                self._started[w] = True
+                self._pending[w].pop(reply[1], None)
+                self._replies[reply[1]] = reply
+            if seq in self._replies:
+                break
+            for obj in ready:
+                if obj in sentinels:
+                    self._raise_dead(sentinels[obj])
+        return self._decode(self._replies.pop(seq))
+
+    def _raise_dead(self, w):
+        p = self._processes[w]
+        p.join(timeout=1)
+        code = p.exitcode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        pending = sorted(self._pending[w].values())
+        where = f" while loading batch index {pending[0]}" if pending else ""
+        hint = ("Out of memory is the usual cause of a kill (check `dmesg`); a dataset that calls os._exit or "
+                "crashes in native code is another.")
+        if code == 1 and not self._started[w]:
+            hint = ("It failed while starting; its traceback is above. Workers are fresh interpreters that "
+                    "import your script's module: guard the script's entry point with "
+                    "`if __name__ == \"__main__\":`, or pass use_multiprocessing=False.")
+        raise WorkerError(f"FastLoader worker {w} (pid {p.pid}) {how}{where}. {hint}")
+
+    def _decode(self, reply):
+        kind = reply[0]
+        if kind == "shm":
+            _, seq, spec, layout = reply
+            base = (seq % self.slots) * self.slot_bytes
+            leaves = []
+            for dtype, shape, offset in layout:
+                out = self._buffers.take(shape, dtype)
+                np.copyto(out, np.ndarray(shape, dtype, buffer=self._shm.buf, offset=base + offset))
+                leaves.append(out)
+            return structure.unflatten(spec, leaves)
+        if kind == "pickle":
+            return reply[2]
+        _, _, index, text = reply
+        raise WorkerError(f"FastLoader worker failed on batch index {index}; its traceback:\n{text}")
+
+    def close(self):
+        self._finalizer()
+
+
+class ThreadPool:
+    """`workers` threads sharing the dataset; best when `__getitem__` releases the GIL (numpy, I/O)."""
+
+    slots = None
+
+    def __init__(self, dataset, workers):
+        self._dataset = dataset
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="kfast-loader")
+        self._futures = {}
+        self._finalizer = weakref.finalize(self, self._executor.shutdown, wait=True, cancel_futures=True)
+
+    def submit(self, seq, index, epoch):
+        self._futures[seq] = (index, self._executor.submit(self._dataset.__getitem__, index))
+
+    def update_dataset(self, dataset):
+        self._dataset = dataset
+
+    def result(self, seq):
+        index, future = self._futures.pop(seq)
+        try:
+            return future.result()
+        except Exception as e:  # noqa: BLE001 - re-raised with the batch index, original chained
+            raise WorkerError(f"FastLoader worker thread failed on batch index {index}: "
+                              f"{type(e).__name__}: {e}") from e
+
+    def close(self):
+        self._finalizer()

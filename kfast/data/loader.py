@@ -1,0 +1,236 @@
+"""FastLoader: a PyDataset that loads batches in parallel worker processes or threads."""
+
+import os
+import threading
+
+import keras
+import numpy as np
+
+from kfast.data import _pool
+from kfast.data import structure
+from kfast.data._pool import WorkerError
+
+__all__ = ["FastLoader", "WorkerError"]
+
+
+def default_workers():
+    """One worker per usable CPU core (at most 16)."""
+    return max(1, min(16, len(os.sched_getaffinity(0))))
+
+
+def _positive_int_or_none(name, value, fix):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"FastLoader got {name}={value!r}; it must be a positive int or None ({fix}).")
+
+
+def _overrides(dataset, method):
+    own = getattr(type(dataset), method, None)
+    return own is not None and own is not getattr(keras.utils.PyDataset, method, None)
+
+
+class FastLoader(keras.utils.PyDataset):
+    """Loads a dataset's batches in parallel, ahead of training, without pickling numeric batches.
+
+    Wrap any dataset with `__len__` and `__getitem__(index) -> batch` (a `keras.utils.PyDataset`, a
+    Keras `Sequence`, or a plain class). Worker processes start once and live across epochs; numeric
+    numpy batches come back through a ring of shared-memory slots, anything else is pickled. Use
+    processes (the default) when `__getitem__` runs Python code that holds the GIL, threads
+    (`use_multiprocessing=False`) when it mostly runs numpy or I/O that releases it.
+
+    Order: batches come in index order, or in a new seeded permutation each epoch with `shuffle=True`,
+    every index exactly once per epoch. Inside `model.fit` the loader serves its own order:
+    Keras's `fit(shuffle=...)` does not reorder a FastLoader, pass `shuffle=True` here instead.
+    Between epochs the loader calls the dataset's `on_epoch_end()` (and sends the updated dataset to
+    the workers), or `set_epoch(epoch)` in every worker when the dataset defines it (cheaper: nothing is
+    re-sent). Memory in flight is bounded by `max_queue_size` batches.
+
+    Args:
+        dataset: the dataset to load from.
+        workers: number of workers. Defaults to `None`: one per usable CPU core.
+        use_multiprocessing: processes (True) or threads (False). Defaults to `True`.
+        max_queue_size: batches loaded ahead of the training loop. Defaults to `None`: twice the
+            workers, at least 4.
+        shuffle: a new batch order every epoch. Defaults to `False`.
+        seed: seed of that order. Defaults to `None` (random).
+
+    Raises:
+        TypeError: when `dataset` lacks `__len__`/`__getitem__` or cannot be sent to processes.
+        ValueError: for out-of-range arguments or an empty dataset.
+
+    Example:
+
+    >>> data = kfast.data.ArrayDataset(x, y, batch_size=64)  # doctest: +SKIP
+    >>> with kfast.data.FastLoader(data, workers=2) as loader:  # doctest: +SKIP
+    ...     model.fit(loader, epochs=3)
+    """
+
+    def __init__(self, dataset, *, workers=None, use_multiprocessing=True, max_queue_size=None,
+                 shuffle=False, seed=None):
+        # Keras must see a plain single-worker PyDataset, or it would wrap this loader in its own pool;
+        # hence kfast's own settings live under other attribute names than PyDataset's.
+        super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(
+                f"FastLoader needs a dataset with __len__ and __getitem__(index) -> batch (a "
+                f"keras.utils.PyDataset, a Keras Sequence or your own class); got {type(dataset).__name__}. "
+                "For in-memory arrays use kfast.data.ArrayDataset(x, y, batch_size=...).")
+        _positive_int_or_none("workers", workers, "None picks one per CPU core")
+        _positive_int_or_none("max_queue_size", max_queue_size, "None picks twice the workers")
+        if not isinstance(use_multiprocessing, bool):
+            raise ValueError(f"FastLoader got use_multiprocessing={use_multiprocessing!r}; pass True or False.")
+        self.dataset = dataset
+        self._n = len(dataset)
+        if self._n < 1:
+            raise ValueError(f"FastLoader got a dataset of length {self._n}; it needs at least one batch.")
+        self.shuffle = bool(shuffle)
+        self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
+        self._num_workers = workers or default_workers()
+        self._processes = use_multiprocessing
+        self._queue_size = max_queue_size
+        self._pool = None
+        self._signature = None
+        self._orders = {}
+        self._armed = False
+        self._dispatched = self._consumed = 0
+        self._dataset_epoch = 0
+        self._lock = threading.RLock()
+
+    # -- settings ---------------------------------------------------------------------------------------
+
+    @property
+    def settings(self):
+        """The loader's `workers`, `use_multiprocessing` and `max_queue_size` now in force."""
+        return {"workers": self._num_workers, "use_multiprocessing": self._processes,
+                "max_queue_size": self._window}
+
+    @property
+    def _window(self):
+        return self._queue_size or max(4, 2 * self._num_workers)
+
+    def configure(self, *, workers=None, use_multiprocessing=None, max_queue_size=None):
+        """Changes settings; the workers restart on the next batch. Arguments left `None` stay as they are."""
+        _positive_int_or_none("workers", workers, "the number of workers")
+        _positive_int_or_none("max_queue_size", max_queue_size, "the number of batches ahead")
+        self.close()
+        self._num_workers = workers or self._num_workers
+        self._processes = self._processes if use_multiprocessing is None else use_multiprocessing
+        self._queue_size = max_queue_size or self._queue_size
+
+    # -- order ----------------------------------------------------------------------------------------
+
+    def _index(self, epoch, position):
+        if not self.shuffle:
+            return position
+        if epoch not in self._orders:
+            if len(self._orders) > 2:
+                self._orders.pop(min(self._orders))
+            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self._n)
+        return int(self._orders[epoch][position])
+
+    # -- the stream of batches ------------------------------------------------------------------------
+
+    def _start(self):
+        first = self.dataset[self._index(0, 0)]
+        self._signature = structure.signature(first)
+        if self._processes:
+            _, leaves = structure.flatten(first)
+            layout, nbytes = structure.shm_layout(leaves)
+            slot_bytes = nbytes if layout is not None else 0
+            self._pool = _pool.ProcessPool(self.dataset, self._num_workers, self._window, slot_bytes,
+                                           type(self.dataset).__name__)
+        else:
+            self._pool = _pool.ThreadPool(self.dataset, self._num_workers)
+
+    def _boundary_needs_drain(self):
+        # Processes hold their own copies: set_epoch runs in each, in task order, with no pause.
+        # Threads share one dataset, and on_epoch_end changes the parent's copy: finish the epoch first.
+        return _overrides(self.dataset, "on_epoch_end") or (
+            not self._processes and hasattr(self.dataset, "set_epoch"))
+
+    def _cross_epoch(self, epoch):
+        if _overrides(self.dataset, "on_epoch_end"):
+            self.dataset.on_epoch_end()
+            if self._processes:
+                self._pool.update_dataset(self.dataset)
+        if not self._processes and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+        self._dataset_epoch = epoch
+
+    def _fill(self):
+        while self._dispatched - self._consumed < self._window:
+            epoch, position = divmod(self._dispatched, self._n)
+            if epoch > self._dataset_epoch:
+                if self._boundary_needs_drain() and self._dispatched != self._consumed:
+                    return
+                self._cross_epoch(epoch)
+            self._pool.submit(self._dispatched, self._index(epoch, position), epoch)
+            self._dispatched += 1
+
+    def _next(self):
+        with self._lock:
+            return self._next_locked()
+
+    def _next_locked(self):
+        if self._pool is None:
+            self._start()
+        self._fill()
+        seq = self._consumed
+        try:
+            batch = self._pool.result(seq)
+        except BaseException:
+            self.close()  # a failed or interrupted pool is not reused
+            raise
+        self._consumed += 1
+        self._fill()
+        got = structure.signature(batch)
+        if got != self._signature:
+            self.close()
+            raise TypeError(
+                f"Batch index {self._index(*divmod(seq, self._n))} of {type(self.dataset).__name__} has "
+                f"{structure.describe(got)}, but the first batch had {structure.describe(self._signature)}. "
+                "Every batch must have the same nesting, dtypes and ranks.")
+        return batch
+
+    # -- PyDataset / iteration ------------------------------------------------------------------------
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, index):
+        if not -self._n <= index < self._n:
+            raise IndexError(f"FastLoader index {index} is out of range for {self._n} batches.")
+        if self._armed:
+            return self._next()
+        # Outside an epoch (Keras probing the first batches, or a user's direct look-up): the batch at
+        # that position of the current epoch, loaded right here.
+        return self.dataset[self._index(self._consumed // self._n, index % self._n)]
+
+    def on_epoch_begin(self):
+        self._armed = True
+
+    def on_epoch_end(self):
+        self._armed = False
+
+    def __iter__(self):
+        """Yields one epoch of batches in the loader's order (the rest of it, if one was under way)."""
+        for _ in range(self._n - self._consumed % self._n):
+            yield self._next()
+
+    def close(self):
+        """Stops the workers and frees shared memory. The loader restarts them if used again."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self._dispatched = self._consumed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def to_tf_dataset(self):
+        """Returns a `tf.data.Dataset` of one epoch of this loader's batches, prefetched."""
+        from kfast.data.tf_bridge import to_tf_dataset
+
+        return to_tf_dataset(self)

@@ -1,0 +1,75 @@
+"""Flatten a batch (array, tuple/list or dict of arrays, nested as Keras allows) into a structure
+description and a list of leaves, and rebuild it. Workers send the description and the leaves' bytes;
+the loader compares descriptions to catch datasets whose batches change structure."""
+
+import numpy as np
+
+
+def flatten(batch):
+    """Returns `(spec, leaves)`: a hashable description of the nesting and the leaves in order."""
+    leaves = []
+    return _walk(batch, leaves), leaves
+
+
+# Module-level recursion, not nested closures: a recursive closure is a reference cycle that would keep
+# the leaves alive until the garbage collector runs, and the loader reuses arrays nobody references.
+def _walk(node, leaves):
+    if isinstance(node, dict):
+        return ("dict", tuple((key, _walk(node[key], leaves)) for key in node))
+    if isinstance(node, (tuple, list)):
+        return ("list" if isinstance(node, list) else "tuple", tuple(_walk(n, leaves) for n in node))
+    leaves.append(node)
+    return None
+
+
+def unflatten(spec, leaves):
+    """Inverse of `flatten`."""
+    return _build(spec, iter(leaves))
+
+
+def _build(node, leaves):
+    if node is None:
+        return next(leaves)
+    kind, children = node
+    if kind == "dict":
+        return {key: _build(child, leaves) for key, child in children}
+    items = [_build(child, leaves) for child in children]
+    return items if kind == "list" else tuple(items)
+
+
+def signature(batch):
+    """Describes what must stay the same across batches: nesting, and each leaf's dtype and rank."""
+    spec, leaves = flatten(batch)
+    return spec, tuple((np.asarray(leaf).dtype.str, np.ndim(leaf)) for leaf in leaves)
+
+
+def describe(sig):
+    """Readable form of a `signature`, for error messages."""
+    spec, leaves = sig
+    return f"structure {_spec_text(spec)} with leaves {', '.join(f'{dt}[rank {nd}]' for dt, nd in leaves)}"
+
+
+def _spec_text(node):
+    if node is None:
+        return "array"
+    kind, children = node
+    if kind == "dict":
+        return "{" + ", ".join(f"{k!r}: {_spec_text(c)}" for k, c in children) + "}"
+    inner = ", ".join(_spec_text(c) for c in children)
+    return f"[{inner}]" if kind == "list" else f"({inner})"
+
+
+def shm_layout(leaves, align=64):
+    """Plans how numeric array leaves sit in one shared-memory slot.
+
+    Returns:
+        `(layout, nbytes)` where layout lists `(dtype_str, shape, offset)` per leaf, or `(None, 0)` when a
+        leaf is not a plain numeric numpy array (such batches travel pickled instead).
+    """
+    layout, offset = [], 0
+    for leaf in leaves:
+        if not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in "biufc" or leaf.dtype.hasobject:
+            return None, 0
+        layout.append((leaf.dtype.str, leaf.shape, offset))
+        offset += -(-leaf.nbytes // align) * align
+    return layout, offset

@@ -1,0 +1,28 @@
+"""A bridge from FastLoader to `tf.data`, for pipelines that continue in TensorFlow."""
+
+import numpy as np
+
+from kfast.data import structure
+
+
+def _spec(batch):
+    import tensorflow as tf
+
+    spec, leaves = structure.flatten(batch)
+    # The first dimension varies (the last batch may be smaller); the others are taken as fixed.
+    specs = [tf.TensorSpec((None,) + np.shape(leaf)[1:], np.asarray(leaf).dtype) for leaf in leaves]
+    return structure.unflatten(spec, specs)
+
+
+def to_tf_dataset(loader):
+    """Returns a `tf.data.Dataset` yielding one epoch of `loader`'s batches, with AUTOTUNE prefetch.
+
+    Example:
+
+    >>> ds = kfast.data.FastLoader(data).to_tf_dataset().map(augment)  # doctest: +SKIP
+    """
+    import tensorflow as tf
+
+    signature = _spec(loader[0])
+    return tf.data.Dataset.from_generator(lambda: iter(loader), output_signature=signature).prefetch(
+        tf.data.AUTOTUNE)

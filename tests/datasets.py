@@ -1,0 +1,102 @@
+"""Datasets for the loader tests. They live in an importable module because spawned worker processes
+must import their classes."""
+
+import os
+import time
+
+import keras
+import numpy as np
+
+
+class Squares(keras.utils.PyDataset):
+    """Batch i: x = full((4, 3), i) float32, y = rows of [i, i^2] int64. Its values name its index."""
+
+    def __init__(self, n=10, delay=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.delay:
+            time.sleep(self.delay)
+        return np.full((4, 3), i, "float32"), np.tile(np.array([i, i * i], "int64"), (4, 1))
+
+
+class Plain:
+    """Not a PyDataset: dict batches with a string leaf (pickled path)."""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return {"x": np.arange(6, dtype="int32").reshape(2, 3) + i, "name": f"batch-{i}"}
+
+
+class Failing(Squares):
+    """Raises on one index."""
+
+    def __init__(self, bad=3, **kwargs):
+        super().__init__(**kwargs)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise ValueError(f"cannot decode record {i}")
+        return super().__getitem__(i)
+
+
+class Dying(Squares):
+    """The worker process exits abruptly on one index."""
+
+    def __getitem__(self, i):
+        if i == 4:
+            os._exit(3)
+        return super().__getitem__(i)
+
+
+class Inconsistent(Squares):
+    """Batch 2 has a different structure."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return (x, y, y) if i == 2 else (x, y)
+
+
+class EpochCounter(Squares):
+    """on_epoch_end changes what batches hold: x = index + 100 * epochs_ended."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.ended = 0
+
+    def on_epoch_end(self):
+        self.ended += 1
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return x + 100 * self.ended, y
+
+
+class Regression(keras.utils.PyDataset):
+    """A learnable task y = x @ w, batch i drawn from a fixed seed."""
+
+    def __init__(self, n=8, batch_size=16, **kwargs):
+        super().__init__(**kwargs)
+        self.n, self.batch_size = n, batch_size
+        self.w = np.random.default_rng(0).normal(size=(4, 1)).astype("float32")
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = np.random.default_rng(i).normal(size=(self.batch_size, 4)).astype("float32")
+        return x, x @ self.w
+
+
+class Growing(Squares):
+    """Later batches are larger than the first (they overflow the shared-memory slots)."""
+
+    def __getitem__(self, i):
+        return np.full((4 + i, 3), i, "float32"), np.full((4 + i, 2), i, "int64")
