@@ -3,7 +3,8 @@
 from kfast import data
 from kfast import distributed
 from kfast import nvml
+from kfast.optimizer import DistributedOptimizer
 
 __version__ = "0.1.0"
 
-__all__ = ["data", "distributed", "nvml", "__version__"]
+__all__ = ["DistributedOptimizer", "data", "distributed", "nvml", "__version__"]

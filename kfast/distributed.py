@@ -211,3 +211,62 @@ def allgather_object(obj):
     if _hvd is None or _hvd.size() == 1:
         return [obj]
     return _hvd.allgather_object(obj)
+
+
+def is_initialized():
+    """Returns True once `init()` ran in this process."""
+    return _initialised
+
+
+def allreduce_mean_values(values):
+    """Returns the element-wise mean over ranks of a list of Python floats (float64, exact order)."""
+    if _hvd is None or _hvd.size() == 1:
+        return [float(v) for v in values]
+    import tensorflow as tf
+
+    mean = _hvd.allreduce(tf.constant(values, dtype=tf.float64), op=_hvd.Average, name="kfast.values")
+    return [float(v) for v in mean.numpy()]
+
+
+def verbose(level="auto"):
+    """Returns `level` on rank 0 and 0 elsewhere: `model.fit(..., verbose=kfast.distributed.verbose())`."""
+    return level if is_chief() else 0
+
+
+def callbacks(checkpoint_dir=None, *, warmup_epochs=5, monitor="val_loss", keep=3, verbose=0):
+    """Returns kfast's standard distributed callbacks, in the order they must run.
+
+    BroadcastState (same start on every rank), LearningRateWarmup (linear scaling rule), MetricAverage
+    (global metrics in `logs`), and RankZeroCheckpoint when `checkpoint_dir` is given (after the
+    averaging, so "best" means best globally).
+
+    Args:
+        checkpoint_dir: where rank 0 writes checkpoints; `None` writes none. Defaults to `None`.
+        warmup_epochs: epochs of learning-rate warm-up; 0 jumps straight to the scaled rate. Defaults to `5`.
+        monitor: the value that picks `best.keras`. Defaults to `"val_loss"`.
+        keep: epoch checkpoints kept. Defaults to `3`.
+        verbose: 1 prints learning rates and saves on rank 0. Defaults to `0`.
+
+    Example:
+
+    >>> model.fit(loader, epochs=10, callbacks=kfast.distributed.callbacks("ckpt"))  # doctest: +SKIP
+    """
+    from kfast.callbacks import BroadcastState, LearningRateWarmup, MetricAverage, RankZeroCheckpoint
+
+    out = [BroadcastState(), LearningRateWarmup(warmup_epochs=warmup_epochs, verbose=verbose), MetricAverage()]
+    if checkpoint_dir:
+        out.append(RankZeroCheckpoint(checkpoint_dir, monitor=monitor, keep=keep, verbose=verbose))
+    return out
+
+
+def __getattr__(name):
+    # The optimizer and checkpoint helpers import this module, so they are reached lazily from here.
+    if name == "DistributedOptimizer":
+        from kfast.optimizer import DistributedOptimizer
+
+        return DistributedOptimizer
+    if name == "restore":
+        from kfast.checkpoint import restore
+
+        return restore
+    raise AttributeError(f"module 'kfast.distributed' has no attribute {name!r}")

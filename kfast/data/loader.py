@@ -6,9 +6,11 @@ import threading
 import keras
 import numpy as np
 
+from kfast import distributed
 from kfast.data import _pool
 from kfast.data import structure
 from kfast.data._pool import WorkerError
+from kfast.data.shard import ShardedDataset
 
 __all__ = ["FastLoader", "WorkerError"]
 
@@ -24,6 +26,8 @@ def _positive_int_or_none(name, value, fix):
 
 
 def _overrides(dataset, method):
+    if isinstance(dataset, ShardedDataset):
+        dataset = dataset.dataset
     own = getattr(type(dataset), method, None)
     return own is not None and own is not getattr(keras.utils.PyDataset, method, None)
 
@@ -36,6 +40,9 @@ class FastLoader(keras.utils.PyDataset):
     numpy batches come back through a ring of shared-memory slots, anything else is pickled. Use
     processes (the default) when `__getitem__` runs Python code that holds the GIL, threads
     (`use_multiprocessing=False`) when it mostly runs numpy or I/O that releases it.
+
+    Under Horovod (after `kfast.distributed.init()`), each rank loads only its own shard of the batches,
+    the same number on every rank (`kfast.data.shard`, mode "drop"); shard yourself to choose "pad".
 
     Order: batches come in index order, or in a new seeded permutation each epoch with `shuffle=True`,
     every index exactly once per epoch. Inside `model.fit` the loader serves its own order:
@@ -78,6 +85,8 @@ class FastLoader(keras.utils.PyDataset):
         _positive_int_or_none("max_queue_size", max_queue_size, "None picks twice the workers")
         if not isinstance(use_multiprocessing, bool):
             raise ValueError(f"FastLoader got use_multiprocessing={use_multiprocessing!r}; pass True or False.")
+        if distributed.is_initialized() and distributed.size() > 1 and not isinstance(dataset, ShardedDataset):
+            dataset = ShardedDataset(dataset, distributed.rank(), distributed.size())
         self.dataset = dataset
         self._n = len(dataset)
         if self._n < 1:

@@ -1,0 +1,48 @@
+"""BroadcastState: every rank starts from rank 0's weights and optimizer state."""
+
+import warnings
+
+import keras
+
+from kfast import distributed
+
+
+class BroadcastState(keras.callbacks.Callback):
+    """Copies weights and optimizer state from `root_rank` to every rank when training begins.
+
+    Ranks build their models independently (different random initial weights, or a resume that only
+    rank 0 read from disk); this makes them identical before the first step. It also turns off XLA for
+    the model, since Horovod's collectives have no XLA kernels, and says so once.
+
+    Args:
+        root_rank: the rank whose state wins. Defaults to `0`.
+
+    Example:
+
+    >>> model.fit(loader, callbacks=[kfast.callbacks.BroadcastState()])  # doctest: +SKIP
+    """
+
+    def __init__(self, root_rank=0):
+        super().__init__()
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
+            raise ValueError(f"BroadcastState got root_rank={root_rank!r}; it must be a rank, an int >= 0.")
+        self.root_rank = root_rank
+        self._warned = False
+
+    def on_train_begin(self, logs=None):
+        if distributed.size() == 1:
+            return
+        if self.model.jit_compile:
+            self.model.jit_compile = False
+            self.model.make_train_function(force=True)
+            self.model.make_test_function(force=True)
+            if not self._warned and distributed.is_chief():
+                warnings.warn("kfast turned XLA off for this model (jit_compile=False): Horovod's collectives "
+                              "cannot run inside XLA. Pass jit_compile=False to compile() to silence this.",
+                              stacklevel=2)
+            self._warned = True
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        state = list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
+        distributed.broadcast_variables(state, root_rank=self.root_rank)

@@ -1,0 +1,64 @@
+"""Split a dataset's batches across ranks so that every rank gets the same number."""
+
+_MODES = ("drop", "pad")
+
+
+class ShardedDataset:
+    """The batches of `dataset` that belong to one rank: indices rank, rank + size, rank + 2 * size, ...
+
+    Every rank gets the same number of batches, so collectives pair up step by step and no rank waits
+    for another at the end of an epoch:
+    - `"drop"` (default): `len(dataset) // size` batches each; up to `size - 1` trailing batches are
+      left out of the epoch. With equal batch sizes, averaged metrics then equal the global ones.
+    - `"pad"`: `ceil(len(dataset) / size)` batches each; ranks short of batches repeat batches from the
+      start of the dataset, so no batch is left out but a few are seen twice.
+
+    Args:
+        dataset: anything with `__len__` and `__getitem__`.
+        rank: this process's rank.
+        size: number of ranks.
+        mode: `"drop"` or `"pad"`. Defaults to `"drop"`.
+
+    Raises:
+        ValueError: for a bad rank, size or mode, or too few batches for the ranks.
+
+    Example:
+
+    >>> shard = kfast.data.shard(list(range(10)), rank=1, size=4)
+    >>> [shard[i] for i in range(len(shard))]
+    [1, 5]
+    """
+
+    def __init__(self, dataset, rank, size, mode="drop"):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"ShardedDataset got size={size!r}; it must be a positive int "
+                             "(usually kfast.distributed.size()).")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+            raise ValueError(f"ShardedDataset got rank={rank!r} with size={size}; rank must be in [0, {size}).")
+        if mode not in _MODES:
+            raise ValueError(f"ShardedDataset got mode={mode!r}; use 'drop' or 'pad'.")
+        n = len(dataset)
+        if n < size:
+            raise ValueError(f"ShardedDataset: the dataset has {n} batches for {size} ranks; every rank needs at "
+                             "least one. Use a smaller batch size or fewer ranks.")
+        self.dataset, self.rank, self.size, self.mode = dataset, rank, size, mode
+        self._len = n // size if mode == "drop" else -(-n // size)
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, index):
+        if not 0 <= index < self._len:
+            raise IndexError(f"ShardedDataset index {index} out of range for {self._len} batches.")
+        return self.dataset[(self.rank + index * self.size) % len(self.dataset)]
+
+    def __getattr__(self, name):
+        # Forward on_epoch_end, set_epoch and friends to the wrapped dataset.
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def shard(dataset, rank, size, mode="drop"):
+    """Returns rank `rank`'s `ShardedDataset` of `dataset` (see there)."""
+    return ShardedDataset(dataset, rank, size, mode)

@@ -1,0 +1,79 @@
+"""Real two-rank Horovod training (horovodrun -np 2 --gloo on CPU) with exact expectations."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+SCRIPT = "tests/distributed/train_script.py"
+
+
+def _results(out, mode):
+    results = []
+    for r in (0, 1):
+        with open(os.path.join(out, f"{mode}-rank{r}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+def test_ranks_end_bit_identical_only_with_distributed_optimizer(horovodrun, tmp_path):
+    horovodrun(SCRIPT, "sync", tmp_path)
+    rank0, rank1 = _results(tmp_path, "sync")
+    assert rank0["state"] == rank1["state"]  # weights and Adam's state, bit for bit
+    horovodrun(SCRIPT, "nosync", tmp_path)
+    rank0, rank1 = _results(tmp_path, "nosync")
+    assert rank0["state"] != rank1["state"]  # the check above can fail
+
+
+@pytest.mark.parametrize("mode", ["equiv", "equiv_spe", "equiv_accum"])
+def test_two_ranks_of_batch_b_match_one_rank_of_batch_2b(horovodrun, tmp_path, mode):
+    horovodrun(SCRIPT, mode, tmp_path)
+    rank0, rank1 = _results(tmp_path, mode)
+    assert rank0["weights"] == rank1["weights"]
+    for got, want in zip(rank0["weights"], rank0["reference"]):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_uneven_dataset_trains_to_the_end_and_metrics_average_exactly(horovodrun, tmp_path):
+    horovodrun(SCRIPT, "uneven", tmp_path)
+    for result in _results(tmp_path, "uneven"):
+        assert result["loader_len"] == 3  # 7 batches over 2 ranks, mode "drop"
+        assert result["steps"] == 6  # 2 epochs, same count on both ranks
+        assert result["averaged"] == {"loss": 0.5, "val_acc": 5.0, "name": "text"}
+
+
+def test_killed_rank_ends_the_job_and_resume_matches_an_uninterrupted_run(horovodrun, tmp_path):
+    full, broken = tmp_path / "full", tmp_path / "broken"
+    full.mkdir(), broken.mkdir()
+    horovodrun(SCRIPT, "full", full)
+    (uninterrupted, _) = _results(full, "full")
+    assert uninterrupted["files"] == ["best.keras", "epoch-0002.keras", "epoch-0003.keras", "epoch-0004.keras"]
+
+    start = time.monotonic()
+    out = horovodrun(SCRIPT, "killed", broken, expect_fail=True, timeout=120)
+    assert time.monotonic() - start < 90
+    assert "Exit code: 17" in out or "exit code 17" in out.lower(), out
+    assert sorted(os.listdir(broken / "ckpt")) == ["best.keras", "epoch-0001.keras", "epoch-0002.keras"]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if SCRIPT in " ".join(p.info["cmdline"] or [])]
+
+    horovodrun(SCRIPT, "resumed", broken)
+    rank0, rank1 = _results(broken, "resumed")
+    assert rank0["initial_epoch"] == rank1["initial_epoch"] == 2
+    assert rank0["state"] == rank1["state"]
+    for got, want in zip(rank0["state"], uninterrupted["state"]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_checkpoint_loads_without_kfast_or_horovod(horovodrun, tmp_path):
+    horovodrun(SCRIPT, "full", tmp_path)
+    code = ("import sys; sys.modules['kfast'] = sys.modules['horovod'] = None\n"
+            "import keras\n"
+            f"m = keras.saving.load_model({str(tmp_path / 'ckpt' / 'epoch-0004.keras')!r}, compile=False)\n"
+            "print(len(m.get_weights()))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.stdout.strip() == "4", proc.stderr

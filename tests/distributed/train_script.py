@@ -1,0 +1,127 @@
+"""Run under horovodrun by tests/distributed/test_training.py: python train_script.py MODE OUTDIR.
+
+Each rank writes OUTDIR/rank<r>.json with what the test compares. Data and initial weights are known
+functions of the rank, so every expected value is exact."""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras
+import numpy as np
+
+import kfast
+import kfast.callbacks
+from kfast import distributed
+
+B = 8  # per-rank batch
+
+
+def global_data(n_batches, batch):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n_batches * batch, 4)).astype("float32")
+    return x, (x @ rng.normal(size=(4, 1))).astype("float32")
+
+
+def make_model(seed, optimizer):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer, "mse", jit_compile=False)
+    return model
+
+
+def rank_data(x, y, per_rank):
+    """This rank's rows: global batch j is rank 0's batch j followed by rank 1's batch j, and so on."""
+    r, n = distributed.rank(), distributed.size()
+    rows = np.arange(len(x)).reshape(-1, n, per_rank)[:, r].reshape(-1)
+    return x[rows], y[rows]
+
+
+def state(model):
+    return [v.numpy().tolist() for v in model.weights] + [np.asarray(v.numpy()).tolist() for v in model.optimizer.variables]
+
+
+def sync(out, wrap):
+    x, y = global_data(6, 2 * B)
+    xr, yr = x[distributed.rank()::2], y[distributed.rank()::2]  # different data per rank
+    opt = keras.optimizers.Adam(0.01)
+    model = make_model(seed=distributed.rank(), optimizer=kfast.DistributedOptimizer(opt) if wrap else opt)
+    model.fit(xr, yr, batch_size=B, epochs=2, shuffle=False, verbose=0, callbacks=[kfast.callbacks.BroadcastState()])
+    return {"state": state(model)}
+
+
+def equivalence(out, steps_per_execution=1, passes=1):
+    x, y = global_data(8, 2 * B)
+    model = make_model(seed=distributed.rank(), optimizer=kfast.DistributedOptimizer(
+        keras.optimizers.SGD(0.05), backward_passes_per_step=passes))
+    model.compile(model.optimizer, "mse", jit_compile=False, steps_per_execution=steps_per_execution)
+    xr, yr = rank_data(x, y, B)
+    model.fit(xr, yr, batch_size=B, epochs=2, shuffle=False, verbose=0, callbacks=[kfast.callbacks.BroadcastState()])
+    result = {"weights": [w.tolist() for w in model.get_weights()]}
+    if distributed.is_chief():
+        # One process, batch 2B x passes, plain SGD, no collectives: the single-rank reference.
+        ref = make_model(seed=0, optimizer=keras.optimizers.SGD(0.05))
+        ref.fit(x, y, batch_size=2 * B * passes, epochs=2, shuffle=False, verbose=0)
+        result["reference"] = [w.tolist() for w in ref.get_weights()]
+    return result
+
+
+def uneven(out):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import datasets
+
+    loader = kfast.data.FastLoader(datasets.Regression(n=7, batch_size=B), workers=1, use_multiprocessing=False)
+    model = make_model(seed=0, optimizer=kfast.DistributedOptimizer(keras.optimizers.SGD(0.01)))
+    steps = []
+
+    class Count(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            steps.append(batch)
+
+    model.fit(loader, epochs=2, verbose=0, callbacks=[kfast.callbacks.BroadcastState(), Count()])
+    logs = {"loss": float(distributed.rank()), "val_acc": 10.0 * distributed.rank(), "name": "text"}
+    kfast.callbacks.MetricAverage().on_epoch_end(0, logs)
+    return {"steps": len(steps), "loader_len": len(loader), "averaged": logs}
+
+
+def checkpointed(out, epochs, die_after=None, resume=False):
+    x, y = global_data(4, 2 * B)
+    model = make_model(seed=distributed.rank(), optimizer=kfast.DistributedOptimizer(keras.optimizers.Adam(0.01)))
+    ckpt = os.path.join(out, "ckpt")
+    initial_epoch = distributed.restore(model, ckpt) if resume else 0
+
+    class Die(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if die_after is not None and epoch + 1 == die_after and distributed.rank() == 1:
+                os._exit(17)  # rank 1 dies hard; rank 0 must not hang in the next collective
+
+    xr, yr = rank_data(x, y, B)
+    model.fit(xr, yr, batch_size=B, epochs=epochs, initial_epoch=initial_epoch, shuffle=False, verbose=0,
+              callbacks=distributed.callbacks(ckpt, warmup_epochs=0, monitor="loss") + [Die()])
+    return {"initial_epoch": initial_epoch, "state": state(model), "files": sorted(os.listdir(ckpt))}
+
+
+def main():
+    mode, out = sys.argv[1], sys.argv[2]
+    distributed.init()
+    modes = {
+        "sync": lambda: sync(out, wrap=True),
+        "nosync": lambda: sync(out, wrap=False),
+        "equiv": lambda: equivalence(out),
+        "equiv_spe": lambda: equivalence(out, steps_per_execution=2),
+        "equiv_accum": lambda: equivalence(out, passes=2),
+        "uneven": lambda: uneven(out),
+        "full": lambda: checkpointed(out, epochs=4),
+        "killed": lambda: checkpointed(out, epochs=4, die_after=2),
+        "resumed": lambda: checkpointed(out, epochs=4, resume=True),
+    }
+    result = modes[mode]()
+    with open(os.path.join(out, f"{mode}-rank{distributed.rank()}.json"), "w") as f:
+        json.dump(result, f)
+    print(f"rank {distributed.rank()} done {mode}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
