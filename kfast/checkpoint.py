@@ -1,7 +1,9 @@
 """Checkpoint files: atomic writes, finding the latest, and resuming every rank from it."""
 
+import json
 import os
 import re
+import zipfile
 
 from kfast import distributed
 
@@ -14,15 +16,34 @@ def epoch_path(directory, epoch):
 
 
 def save_atomic(model, path):
-    """Saves `model` to `path` through a temporary file and a rename, so a crash never leaves half a file."""
+    """Saves `model` to `path` through a temporary file and a rename, so a crash never leaves half a file.
+
+    A model compiled with `kfast.DistributedOptimizer` is saved with the wrapped optimizer in its place,
+    so the file loads with plain `keras.saving.load_model` where kfast and Horovod are not installed.
+    """
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
     try:
         model.save(tmp)
+        _unwrap_optimizer_config(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _unwrap_optimizer_config(archive):
+    with zipfile.ZipFile(archive) as z:
+        entries = {info.filename: z.read(info) for info in z.infolist()}
+    config = json.loads(entries["config.json"])
+    optimizer = (config.get("compile_config") or {}).get("optimizer")
+    if not (isinstance(optimizer, dict) and optimizer.get("registered_name") == "kfast>DistributedOptimizer"):
+        return
+    config["compile_config"]["optimizer"] = optimizer["config"]["optimizer"]
+    entries["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(archive, "w") as z:
+        for filename, data in entries.items():
+            z.writestr(filename, data)
 
 
 def list_epochs(directory):

@@ -106,6 +106,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
         ops.cond(ops.equal(self._pass, self.backward_passes_per_step), apply_accumulated, lambda: None)
 
+    # Saved state is the wrapped optimizer's own, in its own layout, so a checkpoint restores into a plain
+    # optimizer of that class (see kfast.checkpoint). Gradient sums in flight are not saved.
+    def save_own_variables(self, store):
+        self.inner_optimizer.save_own_variables(store)
+
+    def load_own_variables(self, store):
+        self.inner_optimizer.load_own_variables(store)
+
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 

@@ -40,7 +40,9 @@ def rank_data(x, y, per_rank):
 
 
 def state(model):
-    return [v.numpy().tolist() for v in model.weights] + [np.asarray(v.numpy()).tolist() for v in model.optimizer.variables]
+    """Weights and the (wrapped) optimizer's variables, as lists."""
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    return [v.numpy().tolist() for v in model.weights] + [np.asarray(v.numpy()).tolist() for v in optimizer.variables]
 
 
 def sync(out, wrap):
