@@ -2,9 +2,10 @@
 
 from kfast import data
 from kfast import distributed
+from kfast.measure import diagnose
 from kfast import nvml
 from kfast.optimizer import DistributedOptimizer
 
 __version__ = "0.1.0"
 
-__all__ = ["DistributedOptimizer", "data", "distributed", "nvml", "__version__"]
+__all__ = ["DistributedOptimizer", "data", "diagnose", "distributed", "nvml", "__version__"]

@@ -23,6 +23,63 @@ def _run_doctor(args):
     return 1 if doctor.has_errors(report) else 0
 
 
+def load_target(target):
+    """Imports `module:function` (a module path or a .py file) and returns the function."""
+    import importlib
+    import importlib.util
+    import os
+
+    module_name, sep, func_name = target.partition(":")
+    if not sep or not module_name or not func_name:
+        raise SystemExit(f"kfast: expected TARGET as module:function (e.g. mypkg.train:build), got {target!r}.")
+    if module_name.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(module_name))[0], module_name)
+        if spec is None or not os.path.exists(module_name):
+            raise SystemExit(f"kfast: no such file {module_name!r}.")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise SystemExit(f"kfast: cannot import {module_name!r}: {e}") from e
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise SystemExit(f"kfast: {module_name!r} has no function {func_name!r}.")
+    return func
+
+
+def _add_diagnose(subparsers):
+    p = subparsers.add_parser(
+        "diagnose", help="measure whether training is input-bound or compute-bound, and what to change",
+        description="Run kfast.diagnose on the (model, data) returned by TARGET, a module:function taking no "
+                    "arguments (the model compiled).")
+    p.add_argument("target", metavar="TARGET", help="module:function or path/to/file.py:function")
+    p.add_argument("--steps", type=int, default=50, help="timed batches per phase (default 50)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed batches first (default 5)")
+    p.add_argument("--plot", metavar="PNG", help="also write the diagnosis plot to this file")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.set_defaults(run=_run_diagnose)
+
+
+def _run_diagnose(args):
+    import kfast
+
+    model, data = load_target(args.target)()
+    try:
+        result = kfast.diagnose(model, data, steps=args.steps, warmup=args.warmup)
+    finally:
+        if hasattr(data, "close"):
+            data.close()
+    print(result.to_json() if args.json else result)
+    if args.plot:
+        result.plot(args.plot)
+        if not args.json:
+            print(f"\nplot written to {args.plot}")
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="kfast", description="Fast input pipelines and Horovod scaling for Keras 3.")
     from kfast import __version__
@@ -30,6 +87,7 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"kfast {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_doctor(subparsers)
+    _add_diagnose(subparsers)
     return parser
 
 

@@ -100,3 +100,22 @@ class Growing(Squares):
 
     def __getitem__(self, i):
         return np.full((4 + i, 3), i, "float32"), np.full((4 + i, 2), i, "int64")
+
+
+class Features(keras.utils.PyDataset):
+    """Batches of `width` features and 1 target; `delay` seconds of sleep per batch makes input slow."""
+
+    def __init__(self, n=40, batch_size=32, width=8, delay=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.n, self.delay = n, delay
+        rng = np.random.default_rng(0)
+        self.x = rng.normal(size=(batch_size, width)).astype("float32")
+        self.y = self.x.sum(axis=1, keepdims=True)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.x + np.float32(i % 3), self.y

@@ -2,6 +2,7 @@
 
 import os
 import threading
+import time
 
 import keras
 import numpy as np
@@ -103,6 +104,8 @@ class FastLoader(keras.utils.PyDataset):
         self._dispatched = self._consumed = 0
         self._dataset_epoch = 0
         self._lock = threading.RLock()
+        self.wait_seconds = 0.0  # time callers spent blocked waiting for a batch (ThroughputMonitor reads it)
+        self.samples_served = 0
 
     # -- settings ---------------------------------------------------------------------------------------
 
@@ -184,11 +187,13 @@ class FastLoader(keras.utils.PyDataset):
             self._start()
         self._fill()
         seq = self._consumed
+        start = time.perf_counter()
         try:
             batch = self._pool.result(seq)
         except BaseException:
             self.close()  # a failed or interrupted pool is not reused
             raise
+        self.wait_seconds += time.perf_counter() - start
         self._consumed += 1
         self._fill()
         got = structure.signature(batch)
@@ -198,6 +203,8 @@ class FastLoader(keras.utils.PyDataset):
                 f"Batch index {self._index(*divmod(seq, self._n))} of {type(self.dataset).__name__} has "
                 f"{structure.describe(got)}, but the first batch had {structure.describe(self._signature)}. "
                 "Every batch must have the same nesting, dtypes and ranks.")
+        leaves = structure.flatten(batch)[1]
+        self.samples_served += len(leaves[0]) if leaves and np.ndim(leaves[0]) else 1
         return batch
 
     # -- PyDataset / iteration ------------------------------------------------------------------------

@@ -1,0 +1,63 @@
+"""GPUMonitor: how busy the GPU was during each epoch, in `logs`."""
+
+import threading
+import warnings
+
+import keras
+
+from kfast import gpu_sampling
+from kfast import nvml
+
+
+class GPUMonitor(keras.callbacks.Callback):
+    """Samples this process's GPU through NVML in a background thread and logs per-epoch statistics.
+
+    Adds `gpu_util_mean`, `gpu_util_p10`, `gpu_idle_fraction` (share of samples under 10% busy) and
+    `gpu_mem_used_max` (bytes) to each epoch's `logs`, so History, CSVLogger and TensorBoard record them.
+    A GPU that is often idle while training means the input pipeline cannot keep up. With no GPU or no
+    driver it warns once, with the reason, and training goes on. The thread stops when training ends,
+    also when training raises.
+
+    Args:
+        interval: seconds between samples. Defaults to `0.1`.
+        sampler: a callable returning `(utilization_percent, memory_used_bytes)`. Defaults to `None`:
+            NVML, on the GPU of this process's local rank.
+
+    Example:
+
+    >>> model.fit(loader, callbacks=[kfast.callbacks.GPUMonitor()])  # doctest: +SKIP
+    """
+
+    def __init__(self, interval=0.1, sampler=None):
+        super().__init__()
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval <= 0:
+            raise ValueError(f"GPUMonitor got interval={interval!r}; it must be a number of seconds > 0.")
+        self.interval = interval
+        self._sampler = sampler
+        self._thread = None
+        self._warned = False
+
+    def on_train_begin(self, logs=None):
+        sampler = self._sampler
+        if sampler is None:
+            try:
+                sampler = gpu_sampling.local_sampler()
+            except nvml.NvmlUnavailable as e:
+                if not self._warned:
+                    warnings.warn(f"GPUMonitor is off: {e}", stacklevel=2)
+                    self._warned = True
+                return
+        self._thread = gpu_sampling.GpuSampler(sampler, self.interval, owner_thread=threading.get_ident()).start()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._thread is not None:
+            self._thread.take()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._thread is not None and logs is not None:
+            logs.update(gpu_sampling.summarize(self._thread.take()))
+
+    def on_train_end(self, logs=None):
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None

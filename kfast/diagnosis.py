@@ -1,0 +1,130 @@
+"""Diagnosis: what `kfast.diagnose` measured, its verdict, what to change, and how to show it."""
+
+import json
+import math
+import os
+
+import numpy as np
+
+INPUT_BOUND = "input-bound"
+COMPUTE_BOUND = "compute-bound"
+BALANCED = "balanced"
+
+
+def _median(times):
+    return float(np.median(times)) if len(times) else float("nan")
+
+
+class Diagnosis:
+    """Where a training step's time goes, measured by `kfast.diagnose`.
+
+    Attributes:
+        verdict: "input-bound", "compute-bound" or "balanced".
+        lost_fraction: share of the end-to-end step time not explained by compute (time lost to input).
+        input_batches_per_s, compute_steps_per_s, end_to_end_steps_per_s: the three measured rates.
+        batch_size: samples per batch (first batch's first dimension).
+        gpu: per-phase GPU summaries (`gpu_util_mean`, ...) or `None`; `gpu_reason` says why none.
+        recommendations: what to change, most important first.
+        times: per-batch seconds of each phase, for plots.
+    """
+
+    def __init__(self, times, batch_size, gpu=None, gpu_reason=None, gpu_timeline=None, data_kind="dataset",
+                 workers=None, cpus=None):
+        self.times = {k: [float(t) for t in v] for k, v in times.items()}
+        self.batch_size = batch_size
+        self.gpu, self.gpu_reason, self.gpu_timeline = gpu, gpu_reason, gpu_timeline or []
+        t_in, t_comp, t_e2e = (_median(self.times[k]) for k in ("input", "compute", "end_to_end"))
+        self.input_batches_per_s = 1 / t_in
+        self.compute_steps_per_s = 1 / t_comp
+        self.end_to_end_steps_per_s = 1 / t_e2e
+        self.lost_fraction = max(0.0, (t_e2e - t_comp) / t_e2e)
+        if self.lost_fraction >= 0.25 and t_in > t_comp:
+            self.verdict = INPUT_BOUND
+        elif self.lost_fraction < 0.10:
+            self.verdict = COMPUTE_BOUND
+        else:
+            self.verdict = BALANCED
+        self.recommendations = self._recommend(t_in, t_comp, data_kind, workers, cpus or os.cpu_count() or 1)
+
+    def _recommend(self, t_in, t_comp, data_kind, workers, cpus):
+        b = self.batch_size
+        out = []
+        if self.verdict != COMPUTE_BOUND:
+            need = max(1, math.ceil(t_in / t_comp))
+            feed = (f"input delivers {b / t_in:.0f} samples/s, the model consumes {b / t_comp:.0f}; "
+                    f"{self.lost_fraction:.0%} of each step is lost waiting for data")
+            if data_kind == "FastLoader":
+                out.append(f"{feed}: raise the loader's workers from {workers} to {min(need, 2 * cpus)} "
+                           "or let kfast.tune(dataset) pick them.")
+            else:
+                out.append(f"{feed}: wrap the dataset in kfast.data.FastLoader(dataset, workers={min(need, cpus)}) "
+                           "to load batches in parallel processes.")
+            if need > cpus:
+                out.append(f"one batch costs {t_in / t_comp:.1f}x a training step but this machine has {cpus} CPU "
+                           "core(s): make __getitem__ cheaper (decode once and cache, smaller images, vectorised "
+                           "numpy) or move augmentation into the model.")
+        idle = (self.gpu or {}).get("end_to_end", {}).get("gpu_idle_fraction")
+        if idle is not None and idle > 0.2 and self.verdict != COMPUTE_BOUND:
+            out.append(f"the GPU was idle in {idle:.0%} of samples during training: raise the loader's "
+                       "max_queue_size so more batches are ready ahead.")
+        if self.verdict != INPUT_BOUND:
+            out.append(f"the model is the limit at {b / t_comp:.0f} samples/s: try a larger batch size if memory "
+                       "allows, mixed precision (keras.mixed_precision.set_global_policy('mixed_float16')) on GPUs "
+                       "with tensor cores, or more GPUs with horovodrun.")
+        return out
+
+    def to_dict(self):
+        """Returns every measured number, the verdict and the recommendations as plain Python types."""
+        return {"verdict": self.verdict, "lost_fraction": self.lost_fraction, "batch_size": self.batch_size,
+                "input_batches_per_s": self.input_batches_per_s, "compute_steps_per_s": self.compute_steps_per_s,
+                "end_to_end_steps_per_s": self.end_to_end_steps_per_s, "gpu": self.gpu,
+                "gpu_reason": self.gpu_reason, "recommendations": self.recommendations, "times": self.times}
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=2)
+
+    def __str__(self):
+        b = self.batch_size
+        rows = [("input alone", self.input_batches_per_s, "batches/s"),
+                ("compute alone", self.compute_steps_per_s, "steps/s"),
+                ("end to end", self.end_to_end_steps_per_s, "steps/s")]
+        lines = [f"kfast diagnosis: {self.verdict.upper()} ({self.lost_fraction:.0%} of step time lost to input)", "",
+                 f"  {'phase':<14} {'rate':>10} {'unit':<10} {'samples/s':>10} {'ms/batch':>9}"]
+        for name, rate, unit in rows:
+            lines.append(f"  {name:<14} {rate:>10.1f} {unit:<10} {rate * b:>10.0f} {1e3 / rate:>9.2f}")
+        if self.gpu:
+            for phase, g in self.gpu.items():
+                lines.append(f"  GPU {phase:<10} busy {g['gpu_util_mean']:.0f}% (p10 {g['gpu_util_p10']:.0f}%), idle in "
+                             f"{g['gpu_idle_fraction']:.0%} of samples, memory max {g['gpu_mem_used_max'] / 2**20:.0f} MiB")
+        else:
+            lines.append(f"  GPU: not measured ({self.gpu_reason})")
+        lines += ["", "What to do:"] + [f"  {i}. {r}" for i, r in enumerate(self.recommendations, 1)]
+        return "\n".join(lines)
+
+    def plot(self, path):
+        """Writes a PNG: per-batch times of the three phases, and the GPU utilisation timeline if measured."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        panels = 2 if self.gpu_timeline else 1
+        fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels), squeeze=False)
+        ax = axes[0][0]
+        for name, label in (("input", "input alone"), ("compute", "compute alone"), ("end_to_end", "end to end")):
+            ax.plot(np.array(self.times[name]) * 1e3, label=label, marker=".")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("ms per batch")
+        ax.set_title(f"{self.verdict}: {self.lost_fraction:.0%} of step time lost to input")
+        ax.legend()
+        if self.gpu_timeline:
+            ax = axes[1][0]
+            t0 = self.gpu_timeline[0][0]
+            ax.plot([t - t0 for t, *_ in self.gpu_timeline], [u for _, u, *_ in self.gpu_timeline])
+            ax.set_xlabel("seconds")
+            ax.set_ylabel("GPU busy %")
+            ax.set_ylim(0, 100)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path

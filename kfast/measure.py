@@ -1,0 +1,146 @@
+"""`kfast.diagnose` (defined here): measure input, compute and end-to-end step time on the user's model and data."""
+
+import threading
+import time
+
+import keras
+import numpy as np
+
+from kfast import gpu_sampling
+from kfast import nvml
+from kfast.diagnosis import Diagnosis
+
+
+class _StepClock(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.stamps = [time.perf_counter()]
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.stamps.append(time.perf_counter())
+
+
+class _Repeat(keras.utils.PyDataset):
+    """One cached batch, `n` times: training on it measures the model alone."""
+
+    def __init__(self, batch, n):
+        super().__init__()
+        self.batch, self.n = batch, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return self.batch
+
+
+def _batches(data, count):
+    """Yields `count` batches from a PyDataset-like object or an iterable, wrapping around."""
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        if hasattr(data, "wait_seconds"):  # a FastLoader: read its prefetched stream
+            while True:
+                for batch in data:
+                    yield batch
+                    count -= 1
+                    if not count:
+                        return
+        for i in range(count):
+            yield data[i % len(data)]
+        return
+    while count:
+        for batch in data:
+            yield batch
+            count -= 1
+            if not count:
+                return
+
+
+def _state(model):
+    variables = list(model.variables)
+    if model.optimizer is not None:
+        variables += list(model.optimizer.variables)
+    return variables, [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+
+
+def _fit(model, data, steps):
+    clock = _StepClock()
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    return np.diff(clock.stamps)
+
+
+def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
+    """Measures where a training step's time goes, and says what to change.
+
+    Three short phases on the real compiled model and data: the data source alone (batches/s with no
+    training), the model alone (training on one cached batch, the ceiling the model allows) and real
+    training steps end to end; plus GPU utilisation through NVML when a GPU is visible. The model's
+    weights and optimizer state are put back afterwards.
+
+    Args:
+        model: a compiled Keras model.
+        data: what you pass to `fit`: a `keras.utils.PyDataset` (a `FastLoader` too), a Keras `Sequence`,
+            or a `tf.data.Dataset` / iterable of batches.
+        steps: timed batches per phase. Defaults to `50`.
+        warmup: untimed batches first (tracing, worker start-up). Defaults to `5`.
+        sampler: callable returning `(utilization_percent, memory_used_bytes)`. Defaults to `None`: NVML
+            on this process's GPU, if any.
+
+    Returns:
+        A `Diagnosis`: print it, `to_dict()` it, or `plot("diagnosis.png")` it.
+
+    Raises:
+        ValueError: for non-positive `steps`, negative `warmup`, or an uncompiled model.
+
+    Example:
+
+    >>> d = kfast.diagnose(model, kfast.data.FastLoader(dataset), steps=30)  # doctest: +SKIP
+    >>> print(d)  # doctest: +SKIP
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"diagnose got steps={steps!r}; it must be a positive int (timed batches per phase).")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"diagnose got warmup={warmup!r}; it must be an int >= 0.")
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ValueError("diagnose needs a compiled model: call model.compile(optimizer, loss) first.")
+    total = warmup + steps
+    if hasattr(data, "__len__") and len(data) < total:
+        raise ValueError(f"diagnose needs {total} batches (warmup={warmup} + steps={steps}) but the data has "
+                         f"{len(data)}; pass smaller steps/warmup.")
+    gpu_reason = None
+    if sampler is None:
+        try:
+            sampler = gpu_sampling.local_sampler()
+        except nvml.NvmlUnavailable as e:
+            gpu_reason = str(e)
+    thread = gpu_sampling.GpuSampler(sampler, 0.05, owner_thread=threading.get_ident(),
+                                     stop_when_left="diagnose").start() if sampler else None
+
+    variables, saved = _state(model)
+    times, gpu, timeline = {}, {}, []
+
+    def phase_end(name):
+        if thread is not None:
+            samples = thread.take()
+            timeline.extend(samples)
+            gpu[name] = gpu_sampling.summarize(samples)
+
+    try:
+        first, stamps = None, [time.perf_counter()]
+        for batch in _batches(data, total):
+            first = batch if first is None else first
+            stamps.append(time.perf_counter())
+        times["input"] = np.diff(stamps)[warmup:]
+        phase_end("input")
+        times["compute"] = _fit(model, _Repeat(first, total), total)[warmup:]
+        phase_end("compute")
+        times["end_to_end"] = _fit(model, data, total)[warmup:]
+        phase_end("end_to_end")
+    finally:
+        if thread is not None:
+            thread.stop()
+        for v, value in zip(variables, saved):
+            v.assign(value)
+    leaves = keras.tree.flatten(first)
+    batch_size = int(np.shape(leaves[0])[0]) if leaves and np.ndim(leaves[0]) else 1
+    settings = getattr(data, "settings", {})
+    return Diagnosis(times, batch_size, gpu=gpu or None, gpu_reason=gpu_reason, gpu_timeline=timeline,
+                     data_kind=type(data).__name__, workers=settings.get("workers"))

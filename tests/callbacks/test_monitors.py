@@ -1,0 +1,76 @@
+import csv
+import time
+import warnings
+
+import keras
+import pytest
+
+import datasets
+import kfast.callbacks
+from kfast import gpu_sampling
+from kfast.data import FastLoader
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_gpu_monitor_summarises_scripted_readings():
+    readings = iter([(0.0, 100), (90.0, 300), (0.0, 200), (90.0, 250)])
+    cb = kfast.callbacks.GPUMonitor(interval=0.001, sampler=lambda: next(readings))
+    cb.set_model(_model())
+    cb.on_train_begin()
+    deadline = time.monotonic() + 5
+    while cb._thread.running and time.monotonic() < deadline:  # the script runs out, ending the thread
+        time.sleep(0.01)
+    logs = {"loss": 1.0}
+    cb.on_epoch_end(0, logs)
+    cb.on_train_end()
+    assert logs == {"loss": 1.0, "gpu_util_mean": 45.0, "gpu_util_p10": 0.0, "gpu_idle_fraction": 0.5,
+                    "gpu_mem_used_max": 300}
+
+
+def test_gpu_monitor_without_a_gpu_warns_once_and_training_goes_on():
+    cb = kfast.callbacks.GPUMonitor()
+    with pytest.warns(UserWarning, match="GPUMonitor is off: .*driver"):
+        _model().fit(datasets.Features(n=3), epochs=2, verbose=0, callbacks=[cb])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cb.on_train_begin()  # the second run stays quiet
+
+
+def test_gpu_sampler_stops_when_training_raises():
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("boom")
+
+    cb = kfast.callbacks.GPUMonitor(interval=0.01, sampler=lambda: (50.0, 1))
+    with pytest.raises(RuntimeError, match="boom"):
+        _model().fit(datasets.Features(n=3), epochs=2, verbose=0, callbacks=[cb, Boom()])
+    thread = cb._thread
+    deadline = time.monotonic() + 5
+    while thread.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not thread.running
+
+
+def test_throughput_monitor_values_reach_history_and_csv(tmp_path):
+    path = tmp_path / "log.csv"
+    with FastLoader(datasets.Features(n=6, delay=0.01), workers=2) as loader:
+        history = _model().fit(loader, epochs=2, verbose=0, callbacks=[
+            kfast.callbacks.ThroughputMonitor(loader), keras.callbacks.CSVLogger(str(path))])
+    h = history.history
+    for key in ("steps_per_second", "step_time", "samples_per_second", "input_wait_fraction"):
+        assert len(h[key]) == 2 and all(v > 0 for v in h[key]), key
+    assert 0 < h["input_wait_fraction"][1] <= 1
+    assert h["samples_per_second"][1] == pytest.approx(h["steps_per_second"][1] * 32, rel=0.05)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and float(rows[1]["samples_per_second"]) > 0
+
+
+def test_summary_of_no_samples_is_empty():
+    assert gpu_sampling.summarize([]) == {}
