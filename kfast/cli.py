@@ -80,6 +80,34 @@ def _run_diagnose(args):
     return 0
 
 
+def _add_tune(subparsers):
+    p = subparsers.add_parser(
+        "tune", help="find the fastest FastLoader workers / processes / queue depth for a dataset",
+        description="Run kfast.tune on the dataset returned by TARGET, a module:function taking no arguments.")
+    p.add_argument("target", metavar="TARGET", help="module:function or path/to/file.py:function")
+    p.add_argument("--budget", type=float, default=30, help="seconds to spend (default 30)")
+    p.add_argument("--max-workers", type=int, default=None, help="most workers to try (default 2x cores)")
+    p.add_argument("--force", action="store_true", help="measure even if a cached result exists")
+    p.set_defaults(run=_run_tune)
+
+
+def _run_tune(args):
+    import kfast
+
+    dataset = load_target(args.target)()
+
+    def progress(trial):
+        mode = "processes" if trial["use_multiprocessing"] else "threads"
+        print(f"  tried {mode:<9} workers={trial['workers']:<3} queue={trial['max_queue_size']:<3} "
+              f"{trial['batches_per_s']:8.1f} batches/s", flush=True)
+
+    print(f"tuning {type(dataset).__name__} ({len(dataset)} batches), budget {args.budget:g}s", flush=True)
+    result = kfast.tune(dataset, budget_s=args.budget, max_workers=args.max_workers, force=args.force,
+                        progress=progress)
+    print(result)
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="kfast", description="Fast input pipelines and Horovod scaling for Keras 3.")
     from kfast import __version__
@@ -88,6 +116,7 @@ def build_parser():
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_doctor(subparsers)
     _add_diagnose(subparsers)
+    _add_tune(subparsers)
     return parser
 
 

@@ -1,0 +1,62 @@
+"""AutoTune: tune a FastLoader before training, and again when input waiting grows."""
+
+import time
+
+import keras
+
+from kfast import distributed
+
+
+class AutoTune(keras.callbacks.Callback):
+    """Applies `kfast.tune` to the loader feeding `fit`, at the start and whenever input becomes the limit.
+
+    Before the first epoch it tunes the loader's dataset (or reads the cached result) and reconfigures
+    the loader. At each epoch end it checks the share of the epoch spent waiting for batches; above
+    `threshold` it measures again (ignoring the cache) and applies the new settings for the next epoch.
+    Changes are logged on rank 0.
+
+    Args:
+        loader: the `kfast.data.FastLoader` passed to `fit`.
+        threshold: input-wait fraction that triggers re-tuning. Defaults to `0.2`.
+        budget_s: seconds each tuning may take. Defaults to `30`.
+        verbose: 1 prints what changed (rank 0). Defaults to `1`.
+        tuner: the tuning function, for tests. Defaults to `None`: `kfast.tune`.
+
+    Example:
+
+    >>> loader = kfast.data.FastLoader(dataset)  # doctest: +SKIP
+    >>> model.fit(loader, epochs=10, callbacks=[kfast.callbacks.AutoTune(loader)])  # doctest: +SKIP
+    """
+
+    def __init__(self, loader, threshold=0.2, budget_s=30, verbose=1, tuner=None):
+        super().__init__()
+        if not hasattr(loader, "configure"):
+            raise ValueError(f"AutoTune got {type(loader).__name__}; it tunes a kfast.data.FastLoader.")
+        if not 0 < threshold < 1:
+            raise ValueError(f"AutoTune got threshold={threshold!r}; it must be a fraction between 0 and 1.")
+        self.loader, self.threshold, self.budget_s, self.verbose = loader, threshold, budget_s, verbose
+        if tuner is None:
+            from kfast.tuner import tune as tuner
+        self._tune = tuner
+        self.changes = []
+
+    def _apply(self, reason, force):
+        before = self.loader.settings
+        result = self._tune(self.loader.dataset, budget_s=self.budget_s, force=force)
+        self.loader.configure(**result.settings)
+        after = self.loader.settings
+        self.changes.append({"reason": reason, "before": before, "after": after})
+        if self.verbose and distributed.is_chief():
+            print(f"\nkfast AutoTune ({reason}): {before} -> {after}, {result.batches_per_s:.1f} batches/s")
+
+    def on_train_begin(self, logs=None):
+        self.changes = []
+        self._apply("before training", force=False)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start, self._wait0 = time.perf_counter(), self.loader.wait_seconds
+
+    def on_epoch_end(self, epoch, logs=None):
+        waited = (self.loader.wait_seconds - self._wait0) / max(1e-9, time.perf_counter() - self._start)
+        if waited > self.threshold:
+            self._apply(f"epoch {epoch + 1} waited {waited:.0%} for input", force=True)

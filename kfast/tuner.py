@@ -1,0 +1,176 @@
+"""`kfast.tune` (defined here): pick FastLoader's workers, processes or threads, and queue depth by measuring."""
+
+import os
+import time
+
+from kfast import tune_cache
+from kfast.data.loader import FastLoader
+
+
+class TuneResult:
+    """The configuration `kfast.tune` chose, how fast it was, and every trial it measured.
+
+    Attributes:
+        workers, use_multiprocessing, max_queue_size: the chosen FastLoader settings.
+        batches_per_s: the chosen configuration's measured throughput.
+        trials: one dict per measurement (`workers`, `use_multiprocessing`, `max_queue_size`, `batches_per_s`).
+        from_cache: True when read from the cache rather than measured now.
+    """
+
+    def __init__(self, workers, use_multiprocessing, max_queue_size, batches_per_s, trials, from_cache=False):
+        self.workers, self.use_multiprocessing, self.max_queue_size = workers, use_multiprocessing, max_queue_size
+        self.batches_per_s, self.trials, self.from_cache = batches_per_s, trials, from_cache
+
+    @property
+    def settings(self):
+        return {"workers": self.workers, "use_multiprocessing": self.use_multiprocessing,
+                "max_queue_size": self.max_queue_size}
+
+    def loader(self, dataset, **kwargs):
+        """Returns a FastLoader over `dataset` with the chosen settings (`shuffle`, `seed` pass through)."""
+        return FastLoader(dataset, **self.settings, **kwargs)
+
+    def to_dict(self):
+        return {**self.settings, "batches_per_s": self.batches_per_s, "trials": self.trials}
+
+    def __str__(self):
+        lines = [f"{'mode':<10} {'workers':>7} {'queue':>6} {'batches/s':>10}"]
+        for t in self.trials:
+            mode = "processes" if t["use_multiprocessing"] else "threads"
+            chosen = " <- chosen" if (t["workers"], t["use_multiprocessing"], t["max_queue_size"]) == (
+                self.workers, self.use_multiprocessing, self.max_queue_size) else ""
+            lines.append(f"{mode:<10} {t['workers']:>7} {t['max_queue_size']:>6} {t['batches_per_s']:>10.1f}{chosen}")
+        source = " (from cache)" if self.from_cache else ""
+        return "\n".join(lines + [f"chosen: {self.settings}, {self.batches_per_s:.1f} batches/s{source}"])
+
+
+def measure_loader(dataset, workers, use_multiprocessing, max_queue_size, seconds=1.0, warmup=None):
+    """Batches/s of a FastLoader with these settings, after start-up and a warm-up of one queue's worth."""
+    with FastLoader(dataset, workers=workers, use_multiprocessing=use_multiprocessing,
+                    max_queue_size=max_queue_size) as loader:
+        n = len(loader)
+        stream = iter(())
+        done = 0
+
+        def next_batch():
+            nonlocal stream
+            try:
+                return next(stream)
+            except StopIteration:
+                stream = iter(loader)
+                return next(stream)
+
+        for _ in range(warmup if warmup is not None else max(2, max_queue_size)):
+            next_batch()
+        start = time.perf_counter()
+        while done < 3 or (time.perf_counter() - start < seconds and done < 20 * n):
+            next_batch()
+            done += 1
+        return done / (time.perf_counter() - start)
+
+
+def _search(measure, max_workers, target, budget_s, clock, progress):
+    trials = []
+    start = clock()
+
+    def trial(workers, processes, queue):
+        rate = measure(workers, processes, queue)
+        trials.append({"workers": workers, "use_multiprocessing": processes, "max_queue_size": queue,
+                       "batches_per_s": rate})
+        if progress:
+            progress(trials[-1])
+        return rate
+
+    def out_of_time():
+        return clock() - start > budget_s
+
+    def done(rate):
+        return target is not None and rate >= target
+
+    counts = [1]
+    while counts[-1] * 2 <= max_workers:
+        counts.append(counts[-1] * 2)
+    if counts[-1] != max_workers:
+        counts.append(max_workers)
+    for processes in (False, True):
+        best_here = 0.0
+        for workers in counts:
+            rate = trial(workers, processes, 2 * workers)
+            # More workers past a plateau, or past what the model consumes, only steal CPU from training.
+            if rate < best_here * 1.05 or done(rate) or out_of_time():
+                break
+            best_here = rate
+        if out_of_time() or done(max(t["batches_per_s"] for t in trials)):
+            break
+    best = _choose(trials)
+    if not out_of_time() and not done(best["batches_per_s"]):
+        trial(best["workers"], best["use_multiprocessing"], 4 * best["workers"])  # a deeper queue
+        best = _choose(trials)
+    return best, trials
+
+
+def _choose(trials):
+    """The cheapest trial within 5% of the fastest: fewer workers and a shorter queue leave CPU and memory
+    to training, and a difference under 5% is within a burst's noise."""
+    fastest = max(t["batches_per_s"] for t in trials)
+    good = [t for t in trials if t["batches_per_s"] * 1.05 >= fastest]
+    return min(good, key=lambda t: (t["workers"], t["max_queue_size"], -t["batches_per_s"]))
+
+
+def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, force=False, measure=None,
+         clock=time.monotonic, progress=None):
+    """Finds the fastest FastLoader settings for `dataset` on this machine, by measuring.
+
+    Tries threads, then processes, with 1, 2, 4, ... workers (up to `max_workers`), each in a short burst
+    after warm-up; stops adding workers when throughput stops rising by 5%, once it exceeds
+    `target_batches_per_s` (what the model can consume, e.g. `kfast.diagnose(...).compute_steps_per_s`),
+    or when `budget_s` is spent; then tries a deeper queue for the winner. The result is cached per host
+    and dataset signature (class, length, batch structure and shapes) and reused unless `force=True`.
+
+    Args:
+        dataset: anything FastLoader accepts.
+        budget_s: time budget in seconds. Defaults to `30`.
+        max_workers: the most workers to try. Defaults to `None`: twice the usable CPU cores.
+        target_batches_per_s: stop once this rate is reached. Defaults to `None`.
+        force: measure even when a cached result exists. Defaults to `False`.
+        measure: `measure(workers, use_multiprocessing, max_queue_size) -> batches/s`, for tests. Defaults
+            to `None`: real FastLoader bursts.
+        clock: time source for the budget, for tests. Defaults to `time.monotonic`.
+        progress: called with each trial's dict as it finishes. Defaults to `None`.
+
+    Returns:
+        A `TuneResult`; `result.loader(dataset)` builds the configured FastLoader.
+
+    Raises:
+        ValueError: for a non-positive budget or max_workers.
+
+    Example:
+
+    >>> result = kfast.tune(dataset, budget_s=20)  # doctest: +SKIP
+    >>> model.fit(result.loader(dataset), epochs=5)  # doctest: +SKIP
+    """
+    if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s <= 0:
+        raise ValueError(f"tune got budget_s={budget_s!r}; it must be a number of seconds > 0.")
+    cpus = len(os.sched_getaffinity(0))
+    max_workers = max_workers or 2 * cpus
+    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+        raise ValueError(f"tune got max_workers={max_workers!r}; it must be a positive int.")
+    key = None
+    if measure is None:
+        key = tune_cache.signature(dataset)
+        cached = None if force else tune_cache.load(key)
+        if cached:
+            return TuneResult(cached["workers"], cached["use_multiprocessing"], cached["max_queue_size"],
+                              cached["batches_per_s"], cached["trials"], from_cache=True)
+        # Each burst is at most a tenth of the budget, so the search fits it.
+        burst = max(0.3, min(2.0, budget_s / 10))
+
+        def measure(workers, processes, queue):
+            return measure_loader(dataset, workers, processes, queue, seconds=burst)
+
+    best, trials = _search(measure, max_workers, target_batches_per_s, budget_s, clock, progress)
+    result = TuneResult(best["workers"], best["use_multiprocessing"], best["max_queue_size"],
+                        best["batches_per_s"], trials)
+    if key is not None:
+        tune_cache.store(key, result.to_dict())
+    return result
