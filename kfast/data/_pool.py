@@ -17,9 +17,20 @@ import numpy as np
 from kfast.data import _worker
 from kfast.data import structure
 
-# A fresh interpreter per worker: forking a parent whose TensorFlow (or JAX) runtime already started
-# threads can deadlock the child, and Keras users almost always have it started.
-_START_METHOD = "spawn"
+# Workers never fork from the training process: forking a parent whose TensorFlow (or JAX) runtime
+# already started threads can deadlock the child. They fork from a fork server instead, a fresh
+# interpreter that imported the worker loop and the dataset's module once (importing a module that
+# imports Keras costs seconds per worker otherwise), and that never runs framework ops.
+_START_METHOD = "forkserver"
+
+
+def _context(dataset):
+    ctx = multiprocessing.get_context(_START_METHOD)
+    module = type(dataset).__module__
+    preload = ["kfast.data._worker"] + ([module] if module not in ("__main__", "builtins") else [])
+    # Only the first call before the server starts takes effect; later datasets import in the child.
+    ctx.set_forkserver_preload(preload)
+    return ctx
 
 
 class WorkerError(RuntimeError):
@@ -73,7 +84,7 @@ class _Recycler:
 
 
 class ProcessPool:
-    """`workers` spawned processes; numeric batches come back through `slots` shared-memory slots."""
+    """`workers` processes from the fork server; numeric batches come back through `slots` shared-memory slots."""
 
     def __init__(self, dataset, workers, slots, slot_bytes, name):
         main = sys.modules.get("__main__")
@@ -93,7 +104,7 @@ class ProcessPool:
         self.slots, self.slot_bytes = slots, slot_bytes
         self._shm = shared_memory.SharedMemory(create=True, size=slots * slot_bytes) if slot_bytes else None
         ring = (self._shm.name, slot_bytes) if self._shm else None
-        ctx = multiprocessing.get_context(_START_METHOD)
+        ctx = _context(dataset)
         self._processes, self._conns = [], []
         self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._shm)
         for i in range(workers):
@@ -151,8 +162,8 @@ class ProcessPool:
         hint = ("Out of memory is the usual cause of a kill (check `dmesg`); a dataset that calls os._exit or "
                 "crashes in native code is another.")
         if code == 1 and not self._started[w]:
-            hint = ("It failed while starting; its traceback is above. Workers are fresh interpreters that "
-                    "import your script's module: guard the script's entry point with "
+            hint = ("It failed while starting; its traceback is above. Workers start from a clean interpreter that "
+                    "imports your script's module: guard the script's entry point with "
                     "`if __name__ == \"__main__\":`, or pass use_multiprocessing=False.")
         raise WorkerError(f"FastLoader worker {w} (pid {p.pid}) {how}{where}. {hint}")
 

@@ -20,7 +20,7 @@ from kfast.data import structure
 def _attach(name):
     from multiprocessing import shared_memory
 
-    # Spawned workers share the parent's resource tracker, so attaching adds no second owner: the parent
+    # Workers share the parent's resource tracker, so attaching adds no second owner: the parent
     # unlinks the segment on close, and the tracker does if the parent dies.
     return shared_memory.SharedMemory(name=name)
 

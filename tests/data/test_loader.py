@@ -23,9 +23,18 @@ def _ids(batches):
 
 
 def _workers(process=None):
-    """Child processes, less multiprocessing's long-lived resource tracker."""
-    children = (process or psutil.Process()).children()
-    return [c for c in children if "resource_tracker" not in " ".join(c.cmdline())]
+    """Loader worker processes: descendants, less multiprocessing's resource tracker and fork server."""
+    found = []
+    for child in (process or psutil.Process()).children():
+        try:
+            cmdline = " ".join(child.cmdline())
+            if "forkserver" in cmdline:
+                found += child.children()  # workers are forked by the server, and share its command line
+            elif "resource_tracker" not in cmdline:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def _shm_segments():
@@ -237,10 +246,11 @@ def _interrupt_and_check(proc, before):
         time.sleep(0.2)
     workers = _workers(parent)
     assert len(workers) >= 2
+    descendants = parent.children(recursive=True)  # workers, fork server, resource tracker
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
-    gone, alive = psutil.wait_procs(workers, timeout=10)
-    assert not alive
+    gone, alive = psutil.wait_procs(descendants, timeout=10)
+    assert not alive, alive
     assert _shm_segments() <= before
