@@ -5,6 +5,7 @@ import warnings
 
 import keras
 
+from kfast import distributed
 from kfast import gpu_sampling
 from kfast import nvml
 
@@ -15,7 +16,7 @@ class GPUMonitor(keras.callbacks.Callback):
     Adds `gpu_util_mean`, `gpu_util_p10`, `gpu_idle_fraction` (share of samples under 10% busy) and
     `gpu_mem_used_max` (bytes) to each epoch's `logs`, so History, CSVLogger and TensorBoard record them.
     A GPU that is often idle while training means the input pipeline cannot keep up. With no GPU or no
-    driver it warns once, with the reason, and training goes on. The thread stops when training ends,
+    driver it warns once (on rank 0), with the reason, and training goes on. The thread stops when training ends,
     also when training raises.
 
     Args:
@@ -43,7 +44,7 @@ class GPUMonitor(keras.callbacks.Callback):
             try:
                 sampler = gpu_sampling.local_sampler()
             except nvml.NvmlUnavailable as e:
-                if not self._warned:
+                if not self._warned and distributed.is_chief():
                     warnings.warn(f"GPUMonitor is off: {e}", stacklevel=2)
                     self._warned = True
                 return

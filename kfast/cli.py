@@ -108,6 +108,112 @@ def _run_tune(args):
     return 0
 
 
+def _add_recipes(subparsers):
+    p = subparsers.add_parser("recipes", help="list the ready-made training recipes",
+                              description="List the recipes `kfast train` and `kfast launch` run.")
+    p.set_defaults(run=_run_recipes)
+
+
+def _run_recipes(args):
+    from kfast import recipes
+
+    for name in recipes.names():
+        print(f"  {name:<22} {recipes.get(name).SUMMARY}")
+    print("\nRun one: kfast train NAME [--data PATH] [--epochs N] ...  (kfast train NAME --help for its options)")
+    return 0
+
+
+def _add_train(subparsers):
+    p = subparsers.add_parser(
+        "train", help="run a recipe (alone, or under horovodrun)", add_help=False,
+        description="Run a recipe; `kfast train RECIPE --help` lists its options.")
+    p.add_argument("recipe", nargs="?", metavar="RECIPE", help="a name from `kfast recipes`")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's options")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args):
+    from kfast import recipes
+
+    if args.recipe in (None, "-h", "--help"):
+        print("usage: kfast train RECIPE [options]; recipes: " + ", ".join(recipes.names()))
+        return 0 if args.recipe else 2
+    try:
+        recipes.get(args.recipe)
+    except ValueError as e:
+        print(f"kfast train: {e}", file=sys.stderr)
+        return 2
+    recipes.run(args.recipe, args.args)
+    return 0
+
+
+def launch_command(np, hosts, hostfile, recipe, recipe_args, horovodrun="horovodrun", python=sys.executable):
+    """The horovodrun command line `kfast launch` runs.
+
+    Raises:
+        ValueError: for a bad process count or host list, with the expected form.
+    """
+    import re
+
+    if np < 1:
+        raise ValueError(f"-np must be at least 1, got {np}.")
+    if hosts and hostfile:
+        raise ValueError("pass either -H or --hostfile, not both.")
+    cmd = [horovodrun, "-np", str(np)]
+    if hosts:
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+:\d+(,[A-Za-z0-9_.\-]+:\d+)*", hosts):
+            raise ValueError(f"-H {hosts!r} is not a host list; expected host:slots[,host:slots...], "
+                             "e.g. -H host1:4,host2:4.")
+        slots = sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(","))
+        if slots < np:
+            raise ValueError(f"-H {hosts} offers {slots} slot(s) for -np {np}; add hosts or slots.")
+        cmd += ["-H", hosts]
+    elif hostfile:
+        cmd += ["--hostfile", hostfile]
+    else:
+        cmd += ["-H", f"localhost:{np}"]
+    return cmd + [python, "-m", "kfast.cli", "train", recipe, *recipe_args]
+
+
+def _add_launch(subparsers):
+    p = subparsers.add_parser(
+        "launch", help="run a recipe on N processes / several hosts through horovodrun",
+        description="Build and run the horovodrun command for a recipe. Hosts need kfast installed at the same "
+                    "path and password-less SSH from this one.")
+    p.add_argument("-np", type=int, required=True, help="total number of processes")
+    p.add_argument("-H", dest="hosts", help="host:slots[,host:slots...] (default: localhost:NP)")
+    p.add_argument("--hostfile", help="a horovodrun host file instead of -H")
+    p.add_argument("--dry-run", action="store_true", help="print the command without running it")
+    p.add_argument("recipe", metavar="RECIPE", help="a name from `kfast recipes`")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's options")
+    p.set_defaults(run=_run_launch)
+
+
+def _run_launch(args):
+    import os
+    import shlex
+    import shutil
+    import subprocess
+
+    from kfast import recipes
+
+    try:
+        recipes.get(args.recipe)
+        horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        cmd = launch_command(args.np, args.hosts, args.hostfile, args.recipe, args.args, horovodrun=horovodrun)
+    except ValueError as e:
+        print(f"kfast launch: {e}", file=sys.stderr)
+        return 2
+    print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+    if args.dry_run:
+        return 0
+    if not os.path.exists(horovodrun):
+        print("kfast launch: horovodrun was not found; install Horovod with `bash scripts/install_horovod.sh` "
+              "(see README).", file=sys.stderr)
+        return 2
+    return subprocess.run(cmd).returncode
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="kfast", description="Fast input pipelines and Horovod scaling for Keras 3.")
     from kfast import __version__
@@ -117,6 +223,9 @@ def build_parser():
     _add_doctor(subparsers)
     _add_diagnose(subparsers)
     _add_tune(subparsers)
+    _add_recipes(subparsers)
+    _add_train(subparsers)
+    _add_launch(subparsers)
     return parser
 
 

@@ -49,20 +49,25 @@ class Diagnosis:
     def _recommend(self, t_in, t_comp, data_kind, workers, cpus):
         b = self.batch_size
         out = []
-        if self.verdict != COMPUTE_BOUND:
-            need = max(1, math.ceil(t_in / t_comp))
+        if self.verdict != COMPUTE_BOUND and t_in > t_comp:
             feed = (f"input delivers {b / t_in:.0f} samples/s, the model consumes {b / t_comp:.0f}; "
                     f"{self.lost_fraction:.0%} of each step is lost waiting for data")
             if data_kind == "FastLoader":
+                need = math.ceil((workers or 1) * t_in / t_comp)
                 out.append(f"{feed}: raise the loader's workers from {workers} to {min(need, 2 * cpus)} "
                            "or let kfast.tune(dataset) pick them.")
             else:
+                need = math.ceil(t_in / t_comp)
                 out.append(f"{feed}: wrap the dataset in kfast.data.FastLoader(dataset, workers={min(need, cpus)}) "
                            "to load batches in parallel processes.")
             if need > cpus:
-                out.append(f"one batch costs {t_in / t_comp:.1f}x a training step but this machine has {cpus} CPU "
+                out.append(f"loading a batch costs {need}x a training step of CPU time but this machine has {cpus} "
                            "core(s): make __getitem__ cheaper (decode once and cache, smaller images, vectorised "
                            "numpy) or move augmentation into the model.")
+        elif self.verdict != COMPUTE_BOUND:
+            out.append(f"the input alone is fast ({b / t_in:.0f} samples/s) but {self.lost_fraction:.0%} of each step "
+                       "is lost handing batches over: compile with steps_per_execution > 1 to run several steps "
+                       "per call, and keep batches loading ahead (FastLoader max_queue_size).")
         idle = (self.gpu or {}).get("end_to_end", {}).get("gpu_idle_fraction")
         if idle is not None and idle > 0.2 and self.verdict != COMPUTE_BOUND:
             out.append(f"the GPU was idle in {idle:.0%} of samples during training: raise the loader's "

@@ -37,8 +37,8 @@ def _init():
             pynvml.nvmlInit()
         except pynvml.NVMLError_LibraryNotFound as e:
             raise NvmlUnavailable(
-                "no NVIDIA driver on this machine (libnvidia-ml.so.1 not found); "
-                "GPU monitoring is off. If this machine has an NVIDIA GPU, install its driver."
+                "no NVIDIA driver on this machine (libnvidia-ml.so.1 not found); if it has an NVIDIA GPU, "
+                "install the driver."
             ) from e
         except pynvml.NVMLError_DriverNotLoaded as e:
             raise NvmlUnavailable(

@@ -239,6 +239,11 @@ class FastLoader(keras.utils.PyDataset):
             self._pool = None
         self._dispatched = self._consumed
 
+    def skip_to_next_epoch(self):
+        """Drops the rest of the current epoch (if one is under way), so the next batch starts an epoch."""
+        self.close()
+        self._dispatched = self._consumed = -(-self._consumed // self._n) * self._n
+
     def __enter__(self):
         return self
 

@@ -1,0 +1,151 @@
+"""What every recipe shares: command-line options, the distributed setup, and the training run."""
+
+import argparse
+import os
+
+import keras
+
+from kfast import distributed
+
+
+class Recipe:
+    """What `model.fit` needs, as a recipe builds it.
+
+    Attributes:
+        model: the compiled model.
+        train: the training data (a FastLoader, sharded per rank).
+        val: validation data or `None`.
+        callbacks: the callbacks, in order.
+        fit_kwargs: `epochs`, `initial_epoch`, `verbose` and anything else for `fit`.
+    """
+
+    def __init__(self, model, train, val, callbacks, fit_kwargs):
+        self.model, self.train, self.val, self.callbacks, self.fit_kwargs = model, train, val, callbacks, fit_kwargs
+
+    def fit(self):
+        return self.model.fit(self.train, validation_data=self.val, callbacks=self.callbacks, **self.fit_kwargs)
+
+    def close(self):
+        for loader in (self.train, self.val):
+            if hasattr(loader, "close"):
+                loader.close()
+
+
+def add_common_arguments(parser, *, epochs, batch_size, lr):
+    parser.add_argument("--data", metavar="PATH", help="data on disk (see the recipe); synthetic data if omitted")
+    parser.add_argument("--make-sample", metavar="DIR", help="write a small sample dataset to DIR and exit")
+    parser.add_argument("--epochs", type=int, default=epochs, help=f"epochs (default {epochs})")
+    parser.add_argument("--batch-size", type=int, default=batch_size, help=f"batch per rank (default {batch_size})")
+    parser.add_argument("--lr", type=float, default=lr,
+                        help=f"single-process learning rate, scaled by the number of ranks (default {lr})")
+    parser.add_argument("--warmup-epochs", type=float, default=1, help="learning-rate warm-up epochs (default 1)")
+    parser.add_argument("--checkpoint-dir", default="checkpoints", help="where rank 0 writes checkpoints")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--workers", type=int, default=None, help="loader workers (default: tuned)")
+    parser.add_argument("--diagnose", metavar="PNG", help="diagnose the pipeline first and write the plot to PNG")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+
+def check_positive(parser, args):
+    for name in ("epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.lr <= 0:
+        parser.error(f"--lr must be > 0, got {args.lr}")
+    if args.data and not os.path.exists(args.data):
+        parser.error(f"--data {args.data!r} does not exist; pass a dataset path, or omit --data for synthetic data")
+
+
+def loader_for(dataset, args, *, shuffle=True, like=None):
+    """A FastLoader over `dataset` (sharded per rank), with `--workers`, the settings of loader `like`, or
+    settings tuned on this host."""
+    from kfast.data import FastLoader
+
+    if like is not None:
+        return FastLoader(dataset, shuffle=shuffle, seed=args.seed, **like.settings)
+    if args.workers:
+        return FastLoader(dataset, workers=args.workers, shuffle=shuffle, seed=args.seed)
+    settings = None
+    if distributed.local_rank() == 0:
+        import kfast
+
+        cores = max(1, len(os.sched_getaffinity(0)) // distributed.local_size())
+        settings = kfast.tune(dataset, budget_s=8, max_workers=max(1, cores)).settings
+    # Ranks tune once per job and share the answer: tuning on every rank at once would measure contention.
+    settings = distributed.broadcast_object(settings, root_rank=0)
+    return FastLoader(dataset, shuffle=shuffle, seed=args.seed, **settings)
+
+
+def compile_model(model, args, loss, metrics, optimizer="adam"):
+    import kfast
+
+    inner = keras.optimizers.get({"class_name": optimizer, "config": {"learning_rate": args.lr}})
+    model.compile(kfast.DistributedOptimizer(inner), loss, metrics=metrics, jit_compile=False)
+    return model
+
+
+def standard_callbacks(args, loader, monitor):
+    import kfast.callbacks
+
+    return distributed.callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
+        kfast.callbacks.ThroughputMonitor(loader), kfast.callbacks.GPUMonitor()]
+
+
+def finish(model, train, val, args, monitor="val_loss"):
+    initial_epoch = distributed.restore(model, args.checkpoint_dir) if args.resume else 0
+    return Recipe(model, train, val, standard_callbacks(args, train, monitor),
+                  {"epochs": args.epochs, "initial_epoch": initial_epoch, "verbose": 2 if distributed.is_chief() else 0})
+
+
+def parser_for(name, module):
+    parser = argparse.ArgumentParser(prog=f"kfast train {name}", description=module.SUMMARY)
+    module.add_arguments(parser)
+    return parser
+
+
+def run(name, argv=None):
+    """Runs recipe `name` with command-line arguments `argv`; works alone or under horovodrun.
+
+    Returns:
+        The Keras `History` (None when only a sample dataset was written).
+    """
+    from kfast import recipes
+
+    module = recipes.get(name)
+    parser = parser_for(name, module)
+    args = parser.parse_args(argv)
+    check_positive(parser, args)
+    if args.make_sample:
+        path = module.write_sample(args.make_sample, seed=args.seed)
+        print(f"wrote a sample dataset to {path}; train on it with: kfast train {name} --data {path}")
+        return None
+    distributed.init()
+    keras.utils.set_random_seed(args.seed + distributed.rank())
+    recipe = module.build(args)
+    try:
+        if distributed.is_chief():
+            source = args.data or "synthetic data"
+            print(f"kfast recipe {name}: {distributed.size()} rank(s), {source}, {len(recipe.train)} batches of "
+                  f"{args.batch_size} per rank, loader {recipe.train.settings}", flush=True)
+        if args.diagnose:
+            _diagnose(recipe, args.diagnose)
+        return recipe.fit()
+    finally:
+        recipe.close()
+
+
+def _diagnose(recipe, png):
+    import kfast
+
+    if len(recipe.train) < 4:
+        if distributed.is_chief():
+            print(f"not diagnosing: {len(recipe.train)} batches per rank is too few to measure", flush=True)
+        return
+    steps = max(2, min(20, len(recipe.train) // 2 - 2))
+    # Every rank runs it: its training phases issue the same allreduces on all ranks.
+    result = kfast.diagnose(recipe.model, recipe.train, steps=steps, warmup=2)
+    if distributed.is_chief():
+        print(result, flush=True)
+        result.plot(png)
+        print(f"diagnosis plot written to {png}", flush=True)
+    recipe.train.skip_to_next_epoch()  # training starts on a whole epoch

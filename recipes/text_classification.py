@@ -1,0 +1,101 @@
+"""text-classification: token ids -> embedding -> pooling classifier, on text files or synthetic text.
+
+    kfast train text-classification                      # synthetic documents
+    kfast train text-classification --make-sample texts  # write texts/<class>.txt
+    kfast train text-classification --data texts         # one <class>.txt per class, one document per line
+"""
+
+import os
+import sys
+import zlib
+
+import keras
+import numpy as np
+
+SUMMARY = "embedding + pooling classifier on <class>.txt files (one document per line), or synthetic text"
+_WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+
+
+def add_arguments(parser):
+    from kfast.recipes._common import add_common_arguments
+
+    add_common_arguments(parser, epochs=4, batch_size=32, lr=3e-3)
+    parser.add_argument("--vocab", type=int, default=4096, help="hashed vocabulary size (default 4096)")
+    parser.add_argument("--length", type=int, default=32, help="tokens per document (default 32)")
+    parser.add_argument("--samples", type=int, default=2048, help="synthetic documents (default 2048)")
+
+
+def tokenize(text, vocab, length):
+    """Lower-cased words hashed into [1, vocab) (0 pads), truncated or padded to `length`."""
+    ids = [1 + zlib.crc32(w.encode()) % (vocab - 1) for w in text.lower().split()][:length]
+    return ids + [0] * (length - len(ids))
+
+
+def synthetic_docs(samples, seed=0, classes=3):
+    """Documents of common words plus one class word repeated: learnable by word counts."""
+    rng = np.random.default_rng(seed)
+    docs, labels = [], []
+    for i in range(samples):
+        label = i % classes
+        words = list(rng.choice(_WORDS[classes:], size=12)) + [_WORDS[label]] * 3
+        rng.shuffle(words)
+        docs.append(" ".join(words))
+        labels.append(label)
+    return docs, labels
+
+
+def read(directory):
+    """Returns `(documents, labels, class_names)` from directory/<class>.txt files."""
+    names = sorted(f[:-4] for f in os.listdir(directory) if f.endswith(".txt"))
+    if len(names) < 2:
+        raise ValueError(f"{directory!r} needs at least two <class>.txt files (one document per line); found {len(names)}.")
+    docs, labels = [], []
+    for label, name in enumerate(names):
+        with open(os.path.join(directory, f"{name}.txt"), encoding="utf-8") as f:
+            lines = [line.strip() for line in f if line.strip()]
+        docs += lines
+        labels += [label] * len(lines)
+    return docs, labels, names
+
+
+def write_sample(directory, per_class=100, seed=0):
+    """Writes directory/<class>.txt for three classes of synthetic documents."""
+    docs, labels = synthetic_docs(3 * per_class, seed)
+    os.makedirs(directory, exist_ok=True)
+    for label, name in enumerate(_WORDS[:3]):
+        with open(os.path.join(directory, f"{name}.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(d for d, y in zip(docs, labels) if y == label) + "\n")
+    return directory
+
+
+def build(args):
+    from kfast.data import ArrayDataset
+    from kfast.recipes import _common
+
+    if args.data:
+        docs, labels, names = read(args.data)
+    else:
+        docs, labels = synthetic_docs(args.samples, args.seed)
+        names = _WORDS[:3]
+    x = np.array([tokenize(d, args.vocab, args.length) for d in docs], dtype="int32")
+    y = np.array(labels, dtype="int32")
+    order = np.random.default_rng(args.seed).permutation(len(x))
+    n_val = max(args.batch_size, len(x) // 8)
+    train = ArrayDataset(x[order[n_val:]], y[order[n_val:]], batch_size=args.batch_size, shuffle=True, seed=args.seed)
+    val = ArrayDataset(x[order[:n_val]], y[order[:n_val]], batch_size=args.batch_size)
+    net = keras.Sequential([keras.Input((args.length,), dtype="int32"), keras.layers.Embedding(args.vocab, 32),
+                            keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(32, activation="relu"),
+                            keras.layers.Dense(len(names))], name="bag_of_embeddings")
+    net = _common.compile_model(net, args, keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
+    train_loader = _common.loader_for(train, args)
+    return _common.finish(net, train_loader, _common.loader_for(val, args, shuffle=False, like=train_loader), args)
+
+
+def main(argv=None):
+    from kfast.recipes import run
+
+    run("text-classification", argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
