@@ -127,10 +127,10 @@ def model(size, classes):
     def block(x, filters, stride):
         shortcut = x
         y = keras.layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
-        y = keras.layers.BatchNormalization()(y)
+        y = keras.layers.BatchNormalization(momentum=0.9)(y)
         y = keras.layers.ReLU()(y)
         y = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(y)
-        y = keras.layers.BatchNormalization()(y)
+        y = keras.layers.BatchNormalization(momentum=0.9)(y)
         if stride != 1 or shortcut.shape[-1] != filters:
             shortcut = keras.layers.Conv2D(filters, 1, strides=stride, use_bias=False)(shortcut)
         return keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
@@ -145,6 +145,7 @@ def model(size, classes):
 
 
 def build(args):
+    from kfast import distributed
     from kfast.recipes import _common
 
     if args.data:
@@ -156,8 +157,8 @@ def build(args):
     else:
         classes = args.classes
         train = SyntheticImages(args.samples, args.batch_size, args.image_size, classes, seed=args.seed)
-        val = SyntheticImages(max(args.batch_size, args.samples // 8), args.batch_size, args.image_size, classes,
-                              seed=args.seed + 1)
+        val_samples = max(args.batch_size * distributed.size(), args.samples // 8)  # a batch per rank at least
+        val = SyntheticImages(val_samples, args.batch_size, args.image_size, classes, seed=args.seed + 1)
     net = _common.compile_model(model(args.image_size, classes), args,
                                 keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
     train_loader = _common.loader_for(train, args)

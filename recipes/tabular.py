@@ -54,12 +54,13 @@ def write_sample(path, samples=512, features=8, seed=0):
 
 
 def build(args):
+    from kfast import distributed
     from kfast.data import ArrayDataset
     from kfast.recipes import _common
 
     x, y = read(args.data) if args.data else synthetic(args.samples, args.features, args.seed)
     order = np.random.default_rng(args.seed).permutation(len(x))
-    n_val = max(args.batch_size, len(x) // 8)
+    n_val = max(args.batch_size * distributed.size(), len(x) // 8)  # a batch per rank at least
     val_rows, train_rows = order[:n_val], order[n_val:]
     # Standardise with training statistics only.
     mean, std = x[train_rows].mean(axis=0), x[train_rows].std(axis=0) + 1e-6

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# `make demo`: the machine report, then a real two-rank Horovod training job on CPU.
+# `make demo`: the machine report, then the image-classification recipe on synthetic images with two ranks
+# on CPU under horovodrun: a diagnosis (verdict + plot), per-epoch metrics and throughput, checkpoints.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PATH="$PWD/.venv/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=2
+export PATH="$PWD/.venv/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=3
+out=out/demo
+mkdir -p "$out"
 kfast doctor
 echo
-echo "== 2-rank training on CPU: horovodrun -np 2 -H localhost:2 --gloo"
-timeout 600 horovodrun -np 2 -H localhost:2 --gloo python scripts/demo_train.py
+echo "== kfast launch -np 2 image-classification (synthetic images, CPU, Gloo); output in $out/"
+timeout 900 kfast launch -np 2 image-classification --epochs 3 --samples 1024 \
+  --checkpoint-dir "$out/checkpoints" --diagnose "$out/diagnosis.png"
+echo
+echo "checkpoints: $(ls "$out/checkpoints" | tr '\n' ' ')"
+echo "diagnosis plot: $out/diagnosis.png"
