@@ -14,8 +14,11 @@ epoch; start-up (time to the first batch) and the per-epoch restart are reported
 The run ends with the copy bandwidth of a W1 batch, `model.fit` steps/s fed by three of the loaders,
 and PASS/MISS against the project's targets.
 
-Usage:
-    python benchmarks/loader_bench.py [--batches N] [--epochs E] [--quick]
+Usage (about 3 minutes on 2 cores; --quick about one):
+    python benchmarks/loader_bench.py [--batches N] [--epochs E] [--skip S] [--quick]
+
+Other programs' CPU use is measured next to every number (column "other"); contaminated
+measurements are repeated within a time budget (--quiet-budget).
 """
 
 import os
@@ -25,6 +28,10 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import glob  # noqa: E402
+import hashlib  # noqa: E402
+import itertools  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -32,7 +39,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter  # noqa: E402
 
+import kfast.data  # noqa: E402
 from kfast.data import FastLoader  # noqa: E402
+from kfast.data import _pool  # noqa: E402
 
 BATCH = 64
 IMAGE_SHAPE = (224, 224, 3)
@@ -238,6 +247,117 @@ FASTLOADER_KEYS = ("fl_proc", "fl_thr")
 # Measurement
 # ------------------------------------------------------------------------------------------------------
 
+CONTAMINATED_CORES = 0.25  # other programs' load above which a measurement is retried
+
+
+def _system_busy_s():
+    """CPU-seconds all CPUs spent busy (or stolen by the hypervisor) since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_table():
+    """Maps every pid to `(parent pid, CPU-seconds of it and of its reaped children)`, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                # After the parenthesised command name: state, ppid, ..., then utime, stime, cutime and
+                # cstime at positions 11-14.
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        table[int(name)] = (int(fields[1]), sum(int(v) for v in fields[11:15]) / tick)
+    return table
+
+
+def _own_cpu_s():
+    """CPU-seconds of this process and of all its descendants, live or exited.
+
+    Loader workers are not always our children: Keras forks them, FastLoader may start them from a
+    fork server (a child of ours), so the whole process tree is walked. An exited process's time moves
+    to its parent's reaped-children total, so differences of this sum stay right.
+    """
+    table = _process_table()
+    children = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += table.get(pid, (0, 0.0))[1]
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+class CpuWatch:
+    """Measures how many cores other programs kept busy while a measurement ran.
+
+    On a shared 2-core machine a competing job silently halves a loader's speed; this makes the
+    contamination visible next to each number instead of hiding it. Accuracy is about +-0.05 cores
+    (10 ms clock ticks).
+    """
+
+    def __enter__(self):
+        self._t, self._busy, self._own = time.perf_counter(), _system_busy_s(), _own_cpu_s()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self._t
+        other = (_system_busy_s() - self._busy) - (_own_cpu_s() - self._own)
+        self.other_cores = max(0.0, other / wall)
+
+
+class QuietGate:
+    """Runs measurements while other programs leave the CPUs alone, within a total time budget.
+
+    A measurement taken while other programs used the CPUs is thrown away and taken again, up to
+    `attempts` tries; the least contaminated one is kept and its `other_cores` is reported. Waiting for
+    quiet CPUs and re-measuring both draw on `budget_s`; once it is spent, every measurement is taken
+    once, so a machine that never gets quiet still finishes in bounded time (with the contamination
+    shown in the tables).
+    """
+
+    def __init__(self, budget_s, attempts):
+        self.budget_s = budget_s
+        self.attempts = attempts
+        self.waited_s = 0.0
+        self.retries = 0
+
+    def wait(self):
+        """Waits until other programs use fewer than CONTAMINATED_CORES cores, or the budget is spent."""
+        while self.budget_s > 0:
+            start = time.perf_counter()
+            with CpuWatch() as watch:
+                time.sleep(0.5)
+            spent = time.perf_counter() - start
+            self.budget_s -= spent
+            if watch.other_cores < CONTAMINATED_CORES:
+                return
+            self.waited_s += spent
+
+    def measure(self, fn, what):
+        """Returns `fn()` (a result with `other_cores`), taken when the CPUs were quiet if possible."""
+        results = []
+        for attempt in range(self.attempts):
+            self.wait()
+            start = time.perf_counter()
+            results.append(fn())
+            if results[-1].other_cores < CONTAMINATED_CORES:
+                break
+            self.budget_s -= time.perf_counter() - start  # a thrown-away run costs the budget too
+            again = attempt + 1 < self.attempts and self.budget_s > 0
+            self.retries += again
+            print(f"  {what}: other programs used {results[-1].other_cores:.2f} cores; "
+                  f"{'measuring again' if again else 'keeping the least contaminated run'}", flush=True)
+            if not again:
+                break
+        return min(results, key=lambda r: r.other_cores)
+
 
 @dataclasses.dataclass
 class Result:
@@ -250,6 +370,7 @@ class Result:
         min_bps: slowest measured epoch's steady batches/s.
         max_bps: fastest measured epoch's steady batches/s.
         epoch_bps: batches/s over whole measured epochs, restarts included.
+        other_cores: cores other programs kept busy meanwhile (see `CpuWatch`).
     """
 
     startup_s: float
@@ -258,6 +379,7 @@ class Result:
     min_bps: float
     max_bps: float
     epoch_bps: float
+    other_cores: float = 0.0
 
 
 def _check_batch(batch, reference):
@@ -266,6 +388,27 @@ def _check_batch(batch, reference):
     want = [(leaf.dtype, leaf.shape) for leaf in reference]
     if got != want:
         raise AssertionError(f"loader yielded {got}, expected {want}")
+
+
+def _run_epochs(one_epoch, n, epochs, skip, reference):
+    """Iterates 1 + `epochs` epochs; returns the first batch's time stamp and per-epoch timings."""
+    first, restarts, steady, whole = None, [], [], []
+    for epoch in range(epochs + 1):
+        begin = time.perf_counter()
+        stamps = []
+        for batch in one_epoch():
+            if not stamps:
+                _check_batch(batch, reference)
+            stamps.append(time.perf_counter())
+        if len(stamps) != n:
+            raise AssertionError(f"epoch had {len(stamps)} batches, expected {n}")
+        if epoch == 0:
+            first = stamps[0]
+            continue
+        restarts.append(stamps[0] - begin)
+        steady.append(stamps[-1] - stamps[skip - 1])  # covers batches skip .. n-1
+        whole.append(time.perf_counter() - begin)
+    return first, restarts, steady, whole
 
 
 def measure(build, ds, workers, epochs, skip):
@@ -283,31 +426,18 @@ def measure(build, ds, workers, epochs, skip):
     """
     n = len(ds)
     reference = ds[0]
-    t0 = time.perf_counter()
-    one_epoch, close = build(ds, workers)
-    startup, restarts, steady, whole = None, [], [], []
-    try:
-        for epoch in range(epochs + 1):
-            begin = time.perf_counter()
-            stamps = []
-            for batch in one_epoch():
-                if not stamps:
-                    _check_batch(batch, reference)
-                stamps.append(time.perf_counter())
-            if len(stamps) != n:
-                raise AssertionError(f"epoch had {len(stamps)} batches, expected {n}")
-            if epoch == 0:
-                startup = stamps[0] - t0
-                continue
-            restarts.append(stamps[0] - begin)
-            steady.append(stamps[-1] - stamps[skip - 1])  # covers batches skip .. n-1
-            whole.append(time.perf_counter() - begin)
-    finally:
-        close()
+    with CpuWatch() as watch:
+        t0 = time.perf_counter()
+        one_epoch, close = build(ds, workers)
+        try:
+            first, restarts, steady, whole = _run_epochs(one_epoch, n, epochs, skip, reference)
+        finally:
+            close()
     per_epoch = [(n - skip) / t for t in steady]
-    return Result(startup_s=startup, restart_ms=1e3 * statistics.mean(restarts),
+    return Result(startup_s=first - t0, restart_ms=1e3 * statistics.mean(restarts),
                   steady_bps=(n - skip) * epochs / sum(steady), min_bps=min(per_epoch),
-                  max_bps=max(per_epoch), epoch_bps=n * epochs / sum(whole))
+                  max_bps=max(per_epoch), epoch_bps=n * epochs / sum(whole),
+                  other_cores=watch.other_cores)
 
 
 def _median_seconds(fn, reps):
@@ -327,7 +457,7 @@ def copy_bandwidth(x, reps=50):
         reps: timed repetitions; the median is kept.
 
     Returns:
-        Dict with `copyto` (into one preallocated array, as the brief's reference), `copy` (`x.copy()`),
+        Dict with `copyto` (into one preallocated array: the targets' reference), `copy` (`x.copy()`),
         and `copyto_cold` (rotating through buffers far larger than the CPU caches, i.e. DRAM speed).
     """
     dst = np.empty_like(x)
@@ -338,11 +468,10 @@ def copy_bandwidth(x, reps=50):
     pairs = [(x + np.uint8(k), np.empty_like(x)) for k in range(12)]
     for src, buf in pairs:
         np.copyto(buf, src)
-    state = {"k": 0}
+    rotation = itertools.cycle(pairs)
 
     def rotate():
-        src, buf = pairs[state["k"] % len(pairs)]
-        state["k"] += 1
+        src, buf = next(rotation)
         np.copyto(buf, src)
 
     out["copyto_cold"] = x.nbytes / _median_seconds(rotate, reps) / 1e9
@@ -389,49 +518,99 @@ def feature_model():
     ])
 
 
-def fit_rate(make_model, data, epochs):
-    """Fits a fresh model for 1 + `epochs` epochs on `data`.
+@dataclasses.dataclass
+class FitResult:
+    """`model.fit` speed of one model and loader.
 
-    Returns:
-        `(steps_per_s, first_epoch_s, total_s)`: steps/s over the epochs after the first (which holds
-        tracing and worker start-up), the first epoch's time, and the whole `fit` call's.
+    Attributes:
+        steps_per_s: steps/s over all measured epochs (every epoch after the first).
+        median_steps_per_s: steps/s of the median measured epoch: robust to a one-off stall.
+        first_epoch_s: the first epoch's time (tracing and worker start-up included).
+        epoch_s: each measured epoch's time.
+        total_s: the whole `fit` call.
+        other_cores: cores other programs kept busy meanwhile (see `CpuWatch`).
     """
+
+    steps_per_s: float
+    median_steps_per_s: float
+    first_epoch_s: float
+    epoch_s: list
+    total_s: float
+    other_cores: float
+
+
+def fit_rate(make_model, data, epochs):
+    """Fits a fresh model for 1 + `epochs` epochs on `data`; returns a `FitResult`."""
     keras.utils.set_random_seed(0)
     model = make_model()
     model.compile(optimizer="sgd",
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = EpochTimer()
-    t0 = time.perf_counter()
-    # shuffle=False for every loader: FastLoader keeps its own order, so a shuffled Keras run would
-    # not be the same work.
-    model.fit(data, epochs=epochs + 1, shuffle=False, verbose=0, callbacks=[timer])
-    total = time.perf_counter() - t0
-    return len(data) * epochs / sum(timer.times[1:]), timer.times[0], total
+    with CpuWatch() as watch:
+        t0 = time.perf_counter()
+        # shuffle=False for every loader: FastLoader keeps its own order, so a shuffled Keras run would
+        # not be the same work.
+        model.fit(data, epochs=epochs + 1, shuffle=False, verbose=0, callbacks=[timer])
+        total = time.perf_counter() - t0
+    measured = timer.times[1:]
+    return FitResult(steps_per_s=len(data) * epochs / sum(measured),
+                     median_steps_per_s=len(data) / statistics.median(measured),
+                     first_epoch_s=timer.times[0], epoch_s=measured, total_s=total,
+                     other_cores=watch.other_cores)
 
 
-def fit_benchmarks(steps, epochs, workers):
+def fit_benchmarks(steps, epochs, workers, gate):
     """`model.fit` steps/s on W1 and W2, fed by PyDataset workers=1, PyDataset processes, FastLoader.
 
+    Args:
+        steps: steps per epoch.
+        epochs: measured epochs after the first.
+        workers: workers of the parallel loaders.
+        gate: the run's `QuietGate`.
+
     Returns:
-        List of `(workload_key, loader_label, (steps_per_s, first_epoch_s, total_s))`.
+        List of `(workload_key, loader_label, FitResult)`.
     """
     rows = []
     for key, make_model in (("W1", image_model), ("W2", feature_model)):
         ds = WORKLOADS[key][1](steps)
-        rows.append((key, "PyDataset workers=1", fit_rate(make_model, ds, epochs)))
-        ds.workers, ds.use_multiprocessing = workers, True
-        try:
-            rows.append((key, f"PyDataset {workers} processes", fit_rate(make_model, ds, epochs)))
-        finally:
-            ds.workers, ds.use_multiprocessing = 1, False
-        with FastLoader(ds, workers=workers) as loader:
-            rows.append((key, f"FastLoader {workers} processes", fit_rate(make_model, loader, epochs)))
+        runs = [("PyDataset workers=1", functools.partial(fit_rate, make_model, ds, epochs)),
+                (f"PyDataset {workers} processes", functools.partial(_fit_keras_processes, make_model, ds,
+                                                                     epochs, workers)),
+                (f"FastLoader {workers} processes", functools.partial(_fit_fastloader, make_model, ds,
+                                                                      epochs, workers))]
+        for name, run in runs:
+            rows.append((key, name, gate.measure(run, f"fit {key} {name}")))
     return rows
+
+
+def _fit_keras_processes(make_model, ds, epochs, workers):
+    ds.workers, ds.use_multiprocessing = workers, True
+    try:
+        return fit_rate(make_model, ds, epochs)
+    finally:
+        ds.workers, ds.use_multiprocessing = 1, False  # the dataset is shared with the other rows
+
+
+def _fit_fastloader(make_model, ds, epochs, workers):
+    # A fresh loader per attempt, so a retry pays the same worker start-up as the first try.
+    with FastLoader(ds, workers=workers) as loader:
+        return fit_rate(make_model, loader, epochs)
 
 
 # ------------------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------------------
+
+
+def library_fingerprint():
+    """Short hash of kfast.data's source files: which FastLoader a run measured, and whether it changed."""
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(kfast.data.__file__), "*.py"))):
+        digest.update(os.path.basename(path).encode())
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:12]
 
 
 def batch_nbytes(ds):
@@ -442,18 +621,19 @@ def batch_nbytes(ds):
 def print_loader_table(results, w1_bytes):
     """Prints one aligned row per (workload, loader) with ratios to the two PyDataset baselines."""
     header = (f"{'workload':<27} {'loader':<24} {'start s':>7} {'restart ms':>10} {'batch/s':>8} "
-              f"{'min':>7} {'max':>7} {'epoch b/s':>9} {'GB/s':>6} {'/PD-proc':>8} {'/PD-w1':>7}")
+              f"{'min':>7} {'max':>7} {'epoch b/s':>9} {'GB/s':>6} {'/PD-proc':>8} {'/PD-w1':>7} {'other':>5}")
     print(header)
     print("-" * len(header))
     for wkey, rows in results.items():
         label = WORKLOADS[wkey][0]
-        for lkey, name, r in rows:
-            base = {k: res.steady_bps for k, _, res in rows}
+        base = {key: res.steady_bps for key, _, res in rows}
+        for _, name, r in rows:
             gbs = f"{r.steady_bps * w1_bytes / 1e9:6.2f}" if wkey == "W1" else f"{'-':>6}"
             print(f"{label:<27} {name:<24} {r.startup_s:7.2f} {r.restart_ms:10.1f} {r.steady_bps:8.1f} "
                   f"{r.min_bps:7.1f} {r.max_bps:7.1f} {r.epoch_bps:9.1f} {gbs} "
-                  f"{r.steady_bps / base['pd_proc']:7.2f}x {r.steady_bps / base['pd_w1']:6.2f}x")
-            label = ""
+                  f"{r.steady_bps / base['pd_proc']:7.2f}x {r.steady_bps / base['pd_w1']:6.2f}x "
+                  f"{r.other_cores:5.2f}")
+            label = ""  # the workload's name only on its first row
 
 
 def check_targets(results, w1_bytes, bandwidth):
@@ -493,35 +673,43 @@ def check_targets(results, w1_bytes, bandwidth):
 
 def print_fit_table(rows):
     """Prints model.fit steps/s with ratios to the PyDataset rows of the same workload."""
-    header = f"{'model.fit on':<14} {'fed by':<24} {'steps/s':>8} {'1st epoch s':>11} {'fit s':>7} " \
-             f"{'/PD-proc':>8} {'/PD-w1':>7}"
+    header = (f"{'model.fit on':<14} {'fed by':<24} {'steps/s':>8} {'median':>7} {'1st epoch s':>11} "
+              f"{'measured epochs s':<18} {'fit s':>6} {'/PD-proc':>8} {'/PD-w1':>7} {'other':>5}")
     print(header)
     print("-" * len(header))
     base = {}
-    for wkey, name, (rate, first, total) in rows:
-        base.setdefault(wkey, []).append(rate)
-    for wkey, name, (rate, first, total) in rows:
+    for wkey, _, r in rows:
+        base.setdefault(wkey, []).append(r.steps_per_s)  # workers=1 first, processes second
+    for wkey, name, r in rows:
         w1_rate, proc_rate = base[wkey][0], base[wkey][1]
         model = "W1 pool+dense" if wkey == "W1" else "W2 MLP"
-        print(f"{model:<14} {name:<24} {rate:8.2f} {first:11.2f} {total:7.2f} "
-              f"{rate / proc_rate:7.2f}x {rate / w1_rate:6.2f}x")
+        epochs = " ".join(f"{t:.2f}" for t in r.epoch_s)
+        print(f"{model:<14} {name:<24} {r.steps_per_s:8.2f} {r.median_steps_per_s:7.2f} "
+              f"{r.first_epoch_s:11.2f} {epochs:<18} {r.total_s:6.2f} {r.steps_per_s / proc_rate:7.2f}x "
+              f"{r.steps_per_s / w1_rate:6.2f}x {r.other_cores:5.2f}")
 
 
 def parse_args():
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batches", type=int, default=100, help="batches per epoch (default 100)")
+    p.add_argument("--batches", type=int, default=150, help="batches per epoch (default 150)")
     p.add_argument("--epochs", type=int, default=3, help="measured epochs after one warm-up epoch")
-    p.add_argument("--skip", type=int, default=5, help="batches left out at the start of each epoch")
+    # More than Keras's default max_queue_size (10): batches queued up while the consumer waited for the
+    # epoch's first one would otherwise be counted as if produced at the steady rate.
+    p.add_argument("--skip", type=int, default=12, help="batches left out at the start of each epoch")
     p.add_argument("--workers", type=int, default=2, help="workers of the parallel loaders (default 2)")
-    p.add_argument("--fit-steps", type=int, default=40, help="steps per model.fit epoch (default 40)")
-    p.add_argument("--fit-epochs", type=int, default=2, help="measured model.fit epochs after the first")
+    p.add_argument("--fit-steps", type=int, default=50, help="steps per model.fit epoch (default 50)")
+    p.add_argument("--fit-epochs", type=int, default=3, help="measured model.fit epochs after the first")
     p.add_argument("--workloads", default="W1,W2,W3", help="comma-separated subset of W1,W2,W3")
     p.add_argument("--no-fit", action="store_true", help="skip the model.fit section")
+    p.add_argument("--quiet-budget", type=float, default=240.0,
+                   help="seconds, in all, to wait for other programs to leave the CPUs (default 240)")
+    p.add_argument("--attempts", type=int, default=3,
+                   help="tries per measurement while other programs load the CPUs (default 3)")
     p.add_argument("--quick", action="store_true", help="small smoke run (about a minute)")
     args = p.parse_args()
     if args.quick:
-        args.batches, args.epochs, args.skip, args.fit_steps, args.fit_epochs = 30, 1, 3, 12, 1
+        args.batches, args.epochs, args.fit_steps, args.fit_epochs = 40, 1, 12, 1
     if not 1 <= args.skip < args.batches:
         p.error("--skip must be at least 1 and less than --batches")
     return args
@@ -534,20 +722,27 @@ def main():
     print(f"loader_bench: {args.batches} batches/epoch, 1 warm-up + {args.epochs} measured epochs, "
           f"first {args.skip} batches of each measured epoch skipped, {args.workers} workers; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    print(f"keras {keras.__version__}, numpy {np.__version__}, batch size {BATCH}\n")
+    fingerprint = library_fingerprint()
+    print(f"keras {keras.__version__}, numpy {np.__version__}, batch size {BATCH}; kfast.data sources "
+          f"{fingerprint}, worker start method {getattr(_pool, '_START_METHOD', 'unknown')}\n")
 
+    gate = QuietGate(args.quiet_budget, args.attempts)
     results = {}
     w1_bytes = batch_nbytes(ImageBatches(1))
     for wkey in args.workloads.split(","):
         ds = WORKLOADS[wkey][1](args.batches)
         results[wkey] = []
         for lkey, name, build in LOADERS:
-            r = measure(build, ds, args.workers, args.epochs, args.skip)
+            run = functools.partial(measure, build, ds, args.workers, args.epochs, args.skip)
+            r = gate.measure(run, f"{wkey} {name}")
             results[wkey].append((lkey, name, r))
             print(f"  done {wkey} {name:<24} {r.steady_bps:8.1f} batch/s", flush=True)
-    print()
+    print("\nbatch/s: steady rate; min/max: slowest/fastest measured epoch; epoch b/s: whole epochs, "
+          "restarts included;\nstart s: build to first batch; restart ms: epoch start to its first batch; "
+          "other: cores used by other programs\n")
     print_loader_table(results, w1_bytes)
 
+    gate.wait()
     bandwidth = copy_bandwidth(ImageBatches(1).base)
     print(f"\nW1 batch {w1_bytes} bytes; copy bandwidth: np.copyto {bandwidth['copyto']:.2f} GB/s, "
           f"a.copy() {bandwidth['copy']:.2f} GB/s, np.copyto cache-cold {bandwidth['copyto_cold']:.2f} GB/s")
@@ -559,14 +754,18 @@ def main():
               f"{100 * gbs / bandwidth['copyto_cold']:.1f}% of cache-cold np.copyto")
 
     if not args.no_fit:
-        print(f"\nmodel.fit: {args.fit_steps} steps/epoch, 1 + {args.fit_epochs} epochs, steps/s over the "
-              f"epochs after the first")
-        print_fit_table(fit_benchmarks(args.fit_steps, args.fit_epochs, args.workers))
+        print(f"\nmodel.fit: {args.fit_steps} steps/epoch, 1 + {args.fit_epochs} epochs; steps/s over the "
+              f"epochs after the first, median: the median one's rate")
+        print_fit_table(fit_benchmarks(args.fit_steps, args.fit_epochs, args.workers, gate))
 
     print("\nTargets (steady batch/s):")
     missed = check_targets(results, w1_bytes, bandwidth)
-    print(f"\n{missed} target(s) missed; total run {time.perf_counter() - started:.0f} s, "
-          f"load average now {os.getloadavg()[0]:.2f}")
+    if library_fingerprint() != fingerprint:
+        print(f"\nWARNING: kfast.data's sources changed during the run ({fingerprint} -> "
+              f"{library_fingerprint()}); workers started after the change may run the new code.")
+    print(f"\n{missed} target(s) missed; total run {time.perf_counter() - started:.0f} s, of which "
+          f"{gate.waited_s:.0f} s waiting for other programs to leave the CPUs; {gate.retries} measurement(s) "
+          f"repeated for contamination; load average now {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
