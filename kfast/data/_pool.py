@@ -1,9 +1,10 @@
 """Worker pools behind FastLoader: processes with a shared-memory ring, or threads.
 
 Both take tasks `submit(seq, index, epoch)` and hand back `result(seq)` in any order the caller asks;
-the loader decides the order and bounds how many tasks are in flight (never more than the ring's slots).
+the loader decides the order and bounds how many tasks are in flight.
 """
 
+import ctypes
 import multiprocessing
 import pickle
 import sys
@@ -37,7 +38,7 @@ class WorkerError(RuntimeError):
     """A FastLoader worker failed; the message holds the batch index and the worker's traceback."""
 
 
-def _shutdown(processes, conns, shm):
+def _shutdown(processes, conns, shm, slots):
     for conn in conns:
         try:
             conn.send(None)
@@ -51,40 +52,30 @@ def _shutdown(processes, conns, shm):
             p.join(timeout=2)
     for conn in conns:
         conn.close()
+    slots.clear()
     if shm is not None:
-        shm.close()
+        try:
+            shm.close()
+        except BufferError:
+            pass  # batches still in use map the memory; it is unmapped when the last one is freed
         try:
             shm.unlink()
         except FileNotFoundError:
             pass
 
 
-class _Recycler:
-    """Hands out output arrays, reusing ones nobody references any more.
+class _Segment(shared_memory.SharedMemory):
+    """A shared-memory segment that batches may outlive: it stays mapped until their last view is freed."""
 
-    A fresh multi-megabyte array costs a page fault per page on first touch, which is slower than the
-    copy that fills it. An array whose only reference is this pool's own list (refcount 2 inside
-    `sys.getrefcount`) cannot be seen by anyone, so it can be filled again. Views, tensors sharing its
-    memory and batches a user keeps all hold a reference, so their memory is never reused.
-    """
-
-    def __init__(self, per_key):
-        self._per_key = per_key
-        self._pools = {}
-
-    def take(self, shape, dtype):
-        pool = self._pools.setdefault((shape, dtype), [])
-        for arr in pool:
-            if sys.getrefcount(arr) == 3:  # the list, `arr`, and getrefcount's argument
-                return arr
-        arr = np.empty(shape, dtype)
-        if len(pool) < self._per_key:
-            pool.append(arr)
-        return arr
+    def __del__(self):
+        try:
+            self.close()
+        except BufferError:
+            pass  # batches still use the mapping; the memory goes when the last of them is freed
 
 
 class ProcessPool:
-    """`workers` processes from the fork server; numeric batches come back through `slots` shared-memory slots."""
+    """`workers` processes from the fork server; numeric batches come back in `slots` shared-memory slots."""
 
     def __init__(self, dataset, workers, slots, slot_bytes, name):
         main = sys.modules.get("__main__")
@@ -101,12 +92,17 @@ class ProcessPool:
                 f"pickled ({type(e).__name__}: {e}). Define the class at module level and keep open files or "
                 "locks out of its state, or pass use_multiprocessing=False to use threads."
             ) from e
-        self.slots, self.slot_bytes = slots, slot_bytes
-        self._shm = shared_memory.SharedMemory(create=True, size=slots * slot_bytes) if slot_bytes else None
+        self.slot_bytes = slot_bytes
+        self._shm = _Segment(create=True, size=slots * slot_bytes) if slot_bytes else None
         ring = (self._shm.name, slot_bytes) if self._shm else None
+        # One ctypes object per slot: every array handed out from a slot, and every view of it, keeps a
+        # reference to that object, so its reference count says whether anyone still uses the slot.
+        self._slots = [(ctypes.c_char * slot_bytes).from_buffer(self._shm.buf, i * slot_bytes)
+                       for i in range(slots)] if self._shm else []
+        self._busy = {}  # seq -> slot, for tasks in flight
         ctx = _context(dataset)
         self._processes, self._conns = [], []
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._shm)
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._shm, self._slots)
         for i in range(workers):
             parent_end, child_end = ctx.Pipe(duplex=True)
             p = ctx.Process(target=_worker.run, args=(child_end, payload, ring), name=f"kfast-loader-{i}",
@@ -118,12 +114,23 @@ class ProcessPool:
         self._pending = [dict() for _ in range(workers)]  # per worker: seq -> index
         self._replies = {}
         self._started = [False] * workers
-        self._buffers = _Recycler(per_key=slots + 2)
+
+    def _free_slot(self):
+        """A slot with no task in flight and no batch anyone holds, or -1 (the batch then travels pickled)."""
+        taken = set(self._busy.values())
+        for i in range(len(self._slots)):
+            # Two references: the list and getrefcount's argument. Nobody else can then make a new one.
+            if i not in taken and sys.getrefcount(self._slots[i]) == 2:
+                return i
+        return -1
 
     def submit(self, seq, index, epoch):
         w = min(range(len(self._pending)), key=lambda i: len(self._pending[i]))
         self._pending[w][seq] = index
-        self._conns[w].send(("task", seq, index, epoch, seq % self.slots))
+        slot = self._free_slot()
+        if slot >= 0:
+            self._busy[seq] = slot
+        self._conns[w].send(("task", seq, index, epoch, slot))
 
     def update_dataset(self, dataset):
         payload = pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
@@ -169,14 +176,12 @@ class ProcessPool:
 
     def _decode(self, reply):
         kind = reply[0]
+        slot = self._busy.pop(reply[1], -1)
         if kind == "shm":
             _, seq, spec, layout = reply
-            base = (seq % self.slots) * self.slot_bytes
-            leaves = []
-            for dtype, shape, offset in layout:
-                out = self._buffers.take(shape, dtype)
-                np.copyto(out, np.ndarray(shape, dtype, buffer=self._shm.buf, offset=base + offset))
-                leaves.append(out)
+            # No copy: the arrays are views of the slot, which stays reserved while any of them lives.
+            leaves = [np.frombuffer(self._slots[slot], dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
+                      for dtype, shape, offset in layout]
             return structure.unflatten(spec, leaves)
         if kind == "pickle":
             return reply[2]

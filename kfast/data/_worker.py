@@ -3,7 +3,8 @@
 A worker owns one end of a duplex pipe. It receives `("task", seq, index, epoch, slot)`,
 `("dataset", payload)` (a new pickled dataset after the parent ran `on_epoch_end`) or `None` (stop). For each task it sends back one of:
     ("shm", seq, spec, layout)    the batch's arrays were written into shared-memory slot `slot`
-    ("pickle", seq, batch)        the batch itself (not plain numeric arrays, or too large for a slot)
+    ("pickle", seq, batch)        the batch itself (not plain numeric arrays, too large for a slot, or
+                                  slot -1: every slot is still held by batches in use)
     ("error", seq, index, text)   the dataset raised; `text` is the worker's formatted traceback
 """
 
@@ -51,7 +52,7 @@ def run(conn, dataset_payload, ring):
                 batch = dataset[index]
                 spec, leaves = structure.flatten(batch)
                 layout, nbytes = structure.shm_layout(leaves) if shm is not None else (None, 0)
-                if layout is not None and nbytes <= slot_bytes:
+                if layout is not None and nbytes <= slot_bytes and slot >= 0:
                     base = slot * slot_bytes
                     for leaf, (dtype, shape, offset) in zip(leaves, layout):
                         dst = np.ndarray(shape, dtype, buffer=shm.buf, offset=base + offset)

@@ -148,7 +148,8 @@ class FastLoader(keras.utils.PyDataset):
             _, leaves = structure.flatten(first)
             layout, nbytes = structure.shm_layout(leaves)
             slot_bytes = nbytes if layout is not None else 0
-            self._pool = _pool.ProcessPool(self.dataset, self._num_workers, self._window, slot_bytes,
+            # Two slots more than the queue: the batches just handed out are usually still in use.
+            self._pool = _pool.ProcessPool(self.dataset, self._num_workers, self._window + 2, slot_bytes,
                                            type(self.dataset).__name__)
         else:
             self._pool = _pool.ThreadPool(self.dataset, self._num_workers)

@@ -254,3 +254,17 @@ def _interrupt_and_check(proc, before):
     gone, alive = psutil.wait_procs(descendants, timeout=10)
     assert not alive, alive
     assert _shm_segments() <= before
+
+
+def test_batches_kept_by_the_caller_are_never_overwritten():
+    # Batches are handed out without a copy, from shared-memory slots that are reused only once nobody
+    # holds a batch (or a view of one) from them: kept batches must survive later epochs and close().
+    data = datasets.EpochCounter(n=8)  # every epoch writes different values
+    with FastLoader(data, workers=2, max_queue_size=2) as loader:
+        kept = list(loader)
+        views = [x[1:, :2] for x, _ in kept]
+        for _ in range(3):
+            assert len(list(loader)) == 8
+    for i, ((x, y), view) in enumerate(zip(kept, views)):
+        np.testing.assert_array_equal(x, np.full((4, 3), i, "float32"))
+        np.testing.assert_array_equal(view, np.full((3, 2), i, "float32"))
