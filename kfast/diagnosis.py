@@ -40,7 +40,8 @@ class Diagnosis:
         self.lost_fraction = max(0.0, (t_e2e - t_comp) / t_e2e)
         if self.lost_fraction >= 0.25 and t_in > t_comp:
             self.verdict = INPUT_BOUND
-        elif self.lost_fraction < 0.10:
+        elif self.lost_fraction < 0.10 or (2 * t_in <= t_comp and self.lost_fraction < 0.25):
+            # A little lost time beside an input twice as fast as the model is hand-over noise, not input.
             self.verdict = COMPUTE_BOUND
         else:
             self.verdict = BALANCED
