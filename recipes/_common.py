@@ -76,12 +76,15 @@ def loader_for(dataset, args, *, shuffle=True, like=None):
     return FastLoader(dataset, shuffle=shuffle, seed=args.seed, **settings)
 
 
-def compile_model(model, args, loss, metrics, optimizer="adam"):
+def assemble(model, train, val, args, monitor="val_loss"):
+    """Compiles a classifier (integer labels, logits out) for Horovod and wraps its data in FastLoaders."""
     import kfast
 
-    inner = keras.optimizers.get({"class_name": optimizer, "config": {"learning_rate": args.lr}})
-    model.compile(kfast.DistributedOptimizer(inner), loss, metrics=metrics, jit_compile=False)
-    return model
+    optimizer = kfast.DistributedOptimizer(keras.optimizers.Adam(args.lr))
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                  jit_compile=False)
+    train_loader = loader_for(train, args)
+    return finish(model, train_loader, loader_for(val, args, shuffle=False, like=train_loader), args, monitor)
 
 
 def standard_callbacks(args, loader, monitor):

@@ -159,10 +159,7 @@ def build(args):
         train = SyntheticImages(args.samples, args.batch_size, args.image_size, classes, seed=args.seed)
         val_samples = max(args.batch_size * distributed.size(), args.samples // 8)  # a batch per rank at least
         val = SyntheticImages(val_samples, args.batch_size, args.image_size, classes, seed=args.seed + 1)
-    net = _common.compile_model(model(args.image_size, classes), args,
-                                keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
-    train_loader = _common.loader_for(train, args)
-    return _common.finish(net, train_loader, _common.loader_for(val, args, shuffle=False, like=train_loader), args)
+    return _common.assemble(model(args.image_size, classes), train, val, args)
 
 
 def main(argv=None):

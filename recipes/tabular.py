@@ -70,9 +70,7 @@ def build(args):
     val = ArrayDataset(x[val_rows], y[val_rows], batch_size=args.batch_size)
     net = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(64, activation="relu"),
                             keras.layers.Dense(64, activation="relu"), keras.layers.Dense(classes)], name="mlp")
-    net = _common.compile_model(net, args, keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
-    train_loader = _common.loader_for(train, args)
-    return _common.finish(net, train_loader, _common.loader_for(val, args, shuffle=False, like=train_loader), args)
+    return _common.assemble(net, train, val, args)
 
 
 def main(argv=None):

@@ -87,9 +87,7 @@ def build(args):
     net = keras.Sequential([keras.Input((args.length,), dtype="int32"), keras.layers.Embedding(args.vocab, 32),
                             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(32, activation="relu"),
                             keras.layers.Dense(len(names))], name="bag_of_embeddings")
-    net = _common.compile_model(net, args, keras.losses.SparseCategoricalCrossentropy(from_logits=True), ["accuracy"])
-    train_loader = _common.loader_for(train, args)
-    return _common.finish(net, train_loader, _common.loader_for(val, args, shuffle=False, like=train_loader), args)
+    return _common.assemble(net, train, val, args)
 
 
 def main(argv=None):
