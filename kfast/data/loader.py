@@ -197,14 +197,15 @@ class FastLoader(keras.utils.PyDataset):
         self.wait_seconds += time.perf_counter() - start
         self._consumed += 1
         self._fill()
-        got = structure.signature(batch)
+        flat = structure.flatten(batch)
+        got = structure.signature(batch, flat)
         if got != self._signature:
             self.close()
             raise TypeError(
                 f"Batch index {self._index(*divmod(seq, self._n))} of {type(self.dataset).__name__} has "
                 f"{structure.describe(got)}, but the first batch had {structure.describe(self._signature)}. "
                 "Every batch must have the same nesting, dtypes and ranks.")
-        leaves = structure.flatten(batch)[1]
+        leaves = flat[1]
         self.samples_served += len(leaves[0]) if leaves and np.ndim(leaves[0]) else 1
         return batch
 

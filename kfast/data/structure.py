@@ -37,9 +37,11 @@ def _build(node, leaves):
     return items if kind == "list" else tuple(items)
 
 
-def signature(batch):
-    """Describes what must stay the same across batches: nesting, and each leaf's dtype and rank."""
-    spec, leaves = flatten(batch)
+def signature(batch, flat=None):
+    """Describes what must stay the same across batches: nesting, and each leaf's dtype and rank.
+
+    `flat` is `flatten(batch)` when the caller has it already."""
+    spec, leaves = flat or flatten(batch)
     return spec, tuple((np.asarray(leaf).dtype.str, np.ndim(leaf)) for leaf in leaves)
 
 
