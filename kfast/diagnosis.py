@@ -20,7 +20,8 @@ class Diagnosis:
 
     Attributes:
         verdict: "input-bound", "compute-bound" or "balanced".
-        lost_fraction: share of the end-to-end step time not explained by compute (time lost to input).
+        lost_fraction: share of the end-to-end step time not explained by compute: waiting for input, or
+            handing batches over.
         input_batches_per_s, compute_steps_per_s, end_to_end_steps_per_s: the three measured rates.
         batch_size: samples per batch (first batch's first dimension).
         gpu: per-phase GPU summaries (`gpu_util_mean`, ...) or `None`; `gpu_reason` says why none.
@@ -65,7 +66,7 @@ class Diagnosis:
                 out.append(f"loading a batch costs {need}x a training step of CPU time but this machine has {cpus} "
                            "core(s): make __getitem__ cheaper (decode once and cache, smaller images, vectorised "
                            "numpy) or move augmentation into the model.")
-        elif self.verdict != COMPUTE_BOUND:
+        elif self.lost_fraction >= 0.10:
             out.append(f"the input alone is fast ({b / t_in:.0f} samples/s) but {self.lost_fraction:.0%} of each step "
                        "is lost handing batches over: compile with steps_per_execution > 1 to run several steps "
                        "per call, and keep batches loading ahead (FastLoader max_queue_size).")
@@ -94,7 +95,7 @@ class Diagnosis:
         rows = [("input alone", self.input_batches_per_s, "batches/s"),
                 ("compute alone", self.compute_steps_per_s, "steps/s"),
                 ("end to end", self.end_to_end_steps_per_s, "steps/s")]
-        lines = [f"kfast diagnosis: {self.verdict.upper()} ({self.lost_fraction:.0%} of step time lost to input)", "",
+        lines = [f"kfast diagnosis: {self.verdict.upper()} ({self.lost_fraction:.0%} of step time not spent computing)", "",
                  f"  {'phase':<14} {'rate':>10} {'unit':<10} {'samples/s':>10} {'ms/batch':>9}"]
         for name, rate, unit in rows:
             lines.append(f"  {name:<14} {rate:>10.1f} {unit:<10} {rate * b:>10.0f} {1e3 / rate:>9.2f}")
@@ -121,7 +122,7 @@ class Diagnosis:
             ax.plot(np.array(self.times[name]) * 1e3, label=label, marker=".")
         ax.set_xlabel("batch")
         ax.set_ylabel("ms per batch")
-        ax.set_title(f"{self.verdict}: {self.lost_fraction:.0%} of step time lost to input")
+        ax.set_title(f"{self.verdict}: {self.lost_fraction:.0%} of step time not spent computing")
         ax.legend()
         if self.gpu_timeline:
             ax = axes[1][0]
