@@ -92,7 +92,6 @@ class ProcessPool:
                 f"pickled ({type(e).__name__}: {e}). Define the class at module level and keep open files or "
                 "locks out of its state, or pass use_multiprocessing=False to use threads."
             ) from e
-        self.slot_bytes = slot_bytes
         self._shm = _Segment(create=True, size=slots * slot_bytes) if slot_bytes else None
         ring = (self._shm.name, slot_bytes) if self._shm else None
         # One ctypes object per slot: every array handed out from a slot, and every view of it, keeps a
@@ -194,8 +193,6 @@ class ProcessPool:
 
 class ThreadPool:
     """`workers` threads sharing the dataset; best when `__getitem__` releases the GIL (numpy, I/O)."""
-
-    slots = None
 
     def __init__(self, dataset, workers):
         self._dataset = dataset

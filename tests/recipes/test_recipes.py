@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from helpers import REPO
 from kfast.cli import launch_command
 
 KFAST = os.path.join(os.path.dirname(sys.executable), "kfast")
