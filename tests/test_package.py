@@ -31,21 +31,3 @@ def test_editable_install_maps_subpackages(tmp_path):
     for top in ("callbacks", "recipes"):
         bad = _python(f"import {top}", cwd=tmp_path)
         assert bad.returncode != 0 and "No module named" in bad.stderr
-
-
-@pytest.mark.timeout(300)
-def test_regular_install_maps_subpackages(tmp_path):
-    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheel_dir), REPO], check=True, timeout=240, capture_output=True)
-    (wheel,) = wheel_dir.glob("kfast-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "kfast/callbacks/__init__.py" in names and "kfast/recipes/__init__.py" in names
-    assert not any(n.startswith(("callbacks/", "recipes/")) for n in names)
-    zipfile.ZipFile(wheel).extractall(target)
-    env = {"PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"}
-    ok = _python("import kfast.callbacks, kfast.recipes, kfast; print(kfast.__file__)", cwd=tmp_path, env=env)
-    assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.strip().startswith(str(target))
-    bad = _python("import callbacks", cwd=tmp_path, env=env)
-    assert bad.returncode != 0
