@@ -3,8 +3,12 @@
 import time
 
 import keras
+from kfast.messages import print_msg
 
 from kfast import distributed
+
+# The clock, a module attribute so tests can script time without touching the signature.
+_clock = time.perf_counter
 
 
 class AutoTune(keras.callbacks.Callback):
@@ -47,16 +51,26 @@ class AutoTune(keras.callbacks.Callback):
         after = self.loader.settings
         self.changes.append({"reason": reason, "before": before, "after": after})
         if self.verbose and distributed.is_chief():
-            print(f"\nkfast AutoTune ({reason}): {before} -> {after}, {result.batches_per_s:.1f} batches/s")
+            print_msg(f"\nkfast AutoTune ({reason}): {before} -> {after}, {result.batches_per_s:.1f} batches/s")
 
     def on_train_begin(self, logs=None):
         self.changes = []
+        self._start = None
         self._apply("before training", force=False)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start, self._wait0 = time.perf_counter(), self.loader.wait_seconds
+        self._start, self._wait0, self._measured = _clock(), self.loader.wait_seconds, None
+
+    def on_test_begin(self, logs=None):
+        # Validation inside fit's epoch does not count: only training steps wait on this loader.
+        if getattr(self, "_start", None) is not None and self._measured is None:
+            self._measured = (self.loader.wait_seconds - self._wait0, _clock() - self._start)
 
     def on_epoch_end(self, epoch, logs=None):
-        waited = (self.loader.wait_seconds - self._wait0) / max(1e-9, time.perf_counter() - self._start)
+        if self._measured is None:
+            self._measured = (self.loader.wait_seconds - self._wait0, _clock() - self._start)
+        wait, elapsed = self._measured
+        self._start = None
+        waited = wait / max(1e-9, elapsed)
         if waited > self.threshold:
             self._apply(f"epoch {epoch + 1} waited {waited:.0%} for input", force=True)

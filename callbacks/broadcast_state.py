@@ -11,8 +11,11 @@ class BroadcastState(keras.callbacks.Callback):
     """Copies weights and optimizer state from `root_rank` to every rank when training begins.
 
     Ranks build their models independently (different random initial weights, or a resume that only
-    rank 0 read from disk); this makes them identical before the first step. It also turns off XLA for
-    the model, since Horovod's collectives have no XLA kernels, and says so once.
+    rank 0 read from disk); this makes them identical before the first step. A model that is not built
+    when training begins (no `Input` layer, and no checkpoint restored) gets its variables only from the
+    first batch: its state is then broadcast right after that batch, as Horovod's own callback does, so
+    every rank still trains on identical weights from the second step on. It also turns off XLA for the
+    model, since Horovod's collectives have no XLA kernels, and says so once.
 
     Args:
         root_rank: the rank whose state wins. Defaults to `0`.
@@ -41,8 +44,19 @@ class BroadcastState(keras.callbacks.Callback):
                               "cannot run inside XLA. Pass jit_compile=False to compile() to silence this.",
                               stacklevel=2)
             self._warned = True
+        # Every rank sees the same model, so every rank takes the same branch and the collectives match.
+        self._pending = not self.model.built
+        if not self._pending:
+            self._broadcast()
+
+    def _broadcast(self):
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         state = list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
         distributed.broadcast_variables(state, root_rank=self.root_rank)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if getattr(self, "_pending", False):
+            self._pending = False
+            self._broadcast()

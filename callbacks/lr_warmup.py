@@ -1,8 +1,14 @@
 """LearningRateWarmup: the linear scaling rule with gradual warm-up (Goyal et al., 2017)."""
 
-import keras
+import math
 
+import keras
+from kfast.messages import print_msg
+
+from kfast import checkpoint
 from kfast import distributed
+
+_STATE_KEY = "base_learning_rate"
 
 
 class LearningRateWarmup(keras.callbacks.Callback):
@@ -12,26 +18,46 @@ class LearningRateWarmup(keras.callbacks.Callback):
     scales the learning rate by N and reaches it gradually, per batch, so early training stays stable.
     After the warm-up the rate stays at the target (combine with a schedule of your own after that).
 
+    The base (single-rank) rate is part of the training state: `RankZeroCheckpoint` saves it with each
+    checkpoint and `kfast.distributed.restore()` brings it back, so a resumed run follows exactly the
+    rates of an uninterrupted one, and a run resumed on another number of ranks scales the same base by
+    the new number (keeping its place in the warm-up).
+
     Args:
-        initial_lr: the single-process learning rate. Defaults to `None`: the optimizer's rate when
-            training begins.
-        warmup_epochs: epochs to reach the target. Defaults to `5`.
+        initial_lr: the single-process learning rate. Defaults to `None`: the base restored from a
+            checkpoint, else the optimizer's rate when training first begins.
+        warmup_epochs: epochs to reach the target; 0 uses the target from the first batch. Defaults to `5`.
         multiplier: target / initial rate. Defaults to `None`: the number of ranks.
         steps_per_epoch: batches per epoch. Defaults to `None`: read from `fit`'s params.
         verbose: 1 prints the rate at each epoch end on rank 0. Defaults to `0`.
 
+    Raises:
+        ValueError: for bad arguments, or (when training begins) an optimizer whose learning rate is a
+            `LearningRateSchedule`, which this callback cannot set.
+
     Example:
 
-    >>> model.fit(loader, epochs=90, callbacks=[kfast.callbacks.LearningRateWarmup(warmup_epochs=5)])  # doctest: +SKIP
+    >>> import keras, kfast.callbacks
+    >>> warmup = kfast.callbacks.LearningRateWarmup(initial_lr=0.1, warmup_epochs=2, multiplier=4,
+    ...                                             steps_per_epoch=10)
+    >>> model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    >>> model.compile(keras.optimizers.SGD(0.1), "mse")
+    >>> warmup.set_model(model)
+    >>> warmup.on_train_begin()
+    >>> round(warmup.rate_at(epoch=0, batch=9), 6), round(warmup.rate_at(epoch=3, batch=0), 6)
+    (0.25, 0.4)
     """
 
     def __init__(self, initial_lr=None, warmup_epochs=5, multiplier=None, steps_per_epoch=None, verbose=0):
         super().__init__()
-        if not isinstance(warmup_epochs, (int, float)) or isinstance(warmup_epochs, bool) or warmup_epochs < 0:
+        if (not isinstance(warmup_epochs, (int, float)) or isinstance(warmup_epochs, bool)
+                or not math.isfinite(warmup_epochs) or warmup_epochs < 0):
             raise ValueError(f"LearningRateWarmup got warmup_epochs={warmup_epochs!r}; it must be a number >= 0.")
-        if multiplier is not None and multiplier <= 0:
-            raise ValueError(f"LearningRateWarmup got multiplier={multiplier!r}; it must be > 0 (usually the "
-                             "number of ranks, the default).")
+        for name, value in (("initial_lr", initial_lr), ("multiplier", multiplier)):
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                      or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"LearningRateWarmup got {name}={value!r}; it must be a finite number > 0 "
+                                 "(or None for the default).")
         self.initial_lr = initial_lr
         self.warmup_epochs = warmup_epochs
         self.multiplier = multiplier
@@ -39,27 +65,48 @@ class LearningRateWarmup(keras.callbacks.Callback):
         self.verbose = verbose
 
     def on_train_begin(self, logs=None):
-        if self.initial_lr is None:
-            self.initial_lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        optimizer = self.model.optimizer
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        if isinstance(getattr(inner, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError(
+                f"LearningRateWarmup got an optimizer whose learning rate is a "
+                f"{type(inner._learning_rate).__name__} schedule, which it cannot set. Either scale the schedule "
+                "yourself (e.g. its initial_learning_rate x kfast.distributed.size()) and leave this callback "
+                "out, or give the optimizer a constant rate.")
+        state = checkpoint.training_state(self.model)
+        if self.initial_lr is not None:
+            self._base = float(self.initial_lr)
+        elif _STATE_KEY in state:
+            # Resumed: the optimizer holds an already scaled rate; the checkpoint holds the base.
+            self._base = float(state[_STATE_KEY])
+        else:
+            self._base = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        state[_STATE_KEY] = self._base
         self._multiplier = self.multiplier or distributed.size()
         self._steps = self.steps_per_epoch or self.params.get("steps")
         if not self._steps:
             raise ValueError("LearningRateWarmup needs the number of batches per epoch; pass steps_per_epoch=.")
         self._epoch = 0
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
     def rate_at(self, epoch, batch):
         """The learning rate for `batch` of `epoch` (both from 0)."""
         if self.warmup_epochs == 0:
-            return self.initial_lr * self._multiplier
+            return self._base * self._multiplier
         progress = min(1.0, (epoch + (batch + 1) / self._steps) / self.warmup_epochs)
-        return self.initial_lr * (1 + progress * (self._multiplier - 1))
+        return self._base * (1 + progress * (self._multiplier - 1))
+
+    def _in_warmup(self, epoch):
+        return epoch < self.warmup_epochs
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if not self._in_warmup(epoch):
+            # Once per epoch after the warm-up: also right after a resume, and from the start when warmup_epochs=0.
+            self.model.optimizer.learning_rate = self.rate_at(epoch, 0)
 
     def on_train_batch_begin(self, batch, logs=None):
         # Per batch on purpose: a per-epoch jump of N x is what the gradual warm-up exists to avoid.
-        if self._epoch < self.warmup_epochs:
+        if self._in_warmup(self._epoch):
             self.model.optimizer.learning_rate = self.rate_at(self._epoch, batch)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -67,4 +114,4 @@ class LearningRateWarmup(keras.callbacks.Callback):
         if logs is not None:
             logs["learning_rate"] = lr
         if self.verbose and distributed.is_chief():
-            print(f"\nEpoch {epoch + 1}: learning rate {lr:.6g}")
+            print_msg(f"\nEpoch {epoch + 1}: learning rate {lr:.6g}")

@@ -4,6 +4,9 @@ import time
 
 import keras
 
+# The clock, a module attribute so tests can script time without touching the signature.
+_clock = time.perf_counter
+
 
 class ThroughputMonitor(keras.callbacks.Callback):
     """Adds `steps_per_second`, `step_time`, `samples_per_second` and `input_wait_fraction` to epoch logs.
@@ -12,6 +15,9 @@ class ThroughputMonitor(keras.callbacks.Callback):
     `FastLoader` passed as `loader`, samples are counted exactly and `input_wait_fraction` is the share of
     the epoch the training loop spent blocked waiting for the next batch: near 0 means the input keeps
     up, large means the model is starved. Without a loader, pass `batch_size` for samples/s.
+
+    Only training steps count: the epoch's clock stops when validation begins (Keras validates before
+    `on_epoch_end`), so `validation_data` does not dilute the rates.
 
     Args:
         loader: the `FastLoader` feeding `fit`. Defaults to `None`.
@@ -32,22 +38,35 @@ class ThroughputMonitor(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._start = None
+        self._train_end = None
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
+        self._start, self._train_end = _clock(), None
         if self.loader is not None:
             self._wait0, self._samples0 = self.loader.wait_seconds, self.loader.samples_served
+
+    def _stop_clock(self):
+        if self._train_end is None:
+            self._train_end = _clock()
+            if self.loader is not None:
+                self._wait1, self._samples1 = self.loader.wait_seconds, self.loader.samples_served
+
+    def on_test_begin(self, logs=None):
+        if self._start is not None:  # validation inside fit's epoch; a standalone evaluate() has no epoch
+            self._stop_clock()
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None or self._start is None:
             return
-        elapsed = time.perf_counter() - self._start
+        self._stop_clock()
+        elapsed = self._train_end - self._start
+        self._start = None
         steps = self.params.get("steps") or 0
         if steps:
             logs["steps_per_second"] = steps / elapsed
             logs["step_time"] = elapsed / steps
         if self.loader is not None:
-            logs["samples_per_second"] = (self.loader.samples_served - self._samples0) / elapsed
-            logs["input_wait_fraction"] = min(1.0, (self.loader.wait_seconds - self._wait0) / elapsed)
+            logs["samples_per_second"] = (self._samples1 - self._samples0) / elapsed
+            logs["input_wait_fraction"] = min(1.0, (self._wait1 - self._wait0) / elapsed)
         elif self.batch_size and steps:
             logs["samples_per_second"] = steps * self.batch_size / elapsed

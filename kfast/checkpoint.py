@@ -1,13 +1,32 @@
-"""Checkpoint files: atomic writes, finding the latest, and resuming every rank from it."""
+"""Checkpoint files: atomic writes, training state beside the weights, and resuming every rank from them.
+
+Each `epoch-NNNN.keras` is a normal Keras archive with one extra member, `kfast-state.json`: what the
+callbacks need to carry on exactly after a restart (the single-rank base learning rate, the best value
+seen so far, ...). It travels inside the same file as the weights it belongs to, so the two can never
+disagree, and falling back to an older checkpoint falls back to its state too.
+"""
 
 import json
 import os
 import re
+import warnings
+import weakref
 import zipfile
 
 from kfast import distributed
 
 _EPOCH_FILE = re.compile(r"^epoch-(\d{4,})\.keras$")
+_STATE_MEMBER = "kfast-state.json"
+# Per-model training state, filled by the callbacks and by restore(); keyed weakly, so it dies with the model.
+_STATES = weakref.WeakKeyDictionary()
+
+
+def training_state(model):
+    """The dict of values that `RankZeroCheckpoint` saves with `model` and `restore()` loads back.
+
+    Callbacks keep what must survive a restart here (under their own keys) rather than in attributes.
+    """
+    return _STATES.setdefault(model, {})
 
 
 def epoch_path(directory, epoch):
@@ -18,32 +37,52 @@ def epoch_path(directory, epoch):
 def save_atomic(model, path):
     """Saves `model` to `path` through a temporary file and a rename, so a crash never leaves half a file.
 
-    A model compiled with `kfast.DistributedOptimizer` is saved with the wrapped optimizer in its place,
-    so the file loads with plain `keras.saving.load_model` where kfast and Horovod are not installed.
+    The model's `training_state` goes into the archive too. A model compiled with
+    `kfast.DistributedOptimizer` is saved with the wrapped optimizer in its place, so the file loads
+    with plain `keras.saving.load_model` where kfast and Horovod are not installed.
     """
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
     try:
         model.save(tmp)
-        _unwrap_optimizer_config(tmp)
+        _finish_archive(tmp, training_state(model))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
 
 
-def _unwrap_optimizer_config(archive):
+def _finish_archive(archive, state):
     with zipfile.ZipFile(archive) as z:
         entries = {info.filename: z.read(info) for info in z.infolist()}
     config = json.loads(entries["config.json"])
     optimizer = (config.get("compile_config") or {}).get("optimizer")
-    if not (isinstance(optimizer, dict) and optimizer.get("registered_name") == "kfast>DistributedOptimizer"):
-        return
-    config["compile_config"]["optimizer"] = optimizer["config"]["optimizer"]
-    entries["config.json"] = json.dumps(config).encode()
+    if isinstance(optimizer, dict) and optimizer.get("registered_name") == "kfast>DistributedOptimizer":
+        config["compile_config"]["optimizer"] = optimizer["config"]["optimizer"]
+        entries["config.json"] = json.dumps(config).encode()
+    entries[_STATE_MEMBER] = json.dumps(state).encode()
     with zipfile.ZipFile(archive, "w") as z:
         for filename, data in entries.items():
             z.writestr(filename, data)
+
+
+def read_archive(path):
+    """Checks that the checkpoint at `path` is whole and returns `(build_config, state)` from it.
+
+    Raises:
+        ValueError: naming the file, when it is truncated, corrupt or not a Keras archive.
+    """
+    try:
+        with zipfile.ZipFile(path) as z:
+            broken = z.testzip()  # reads every member: a truncated or corrupt file fails here, not mid-load
+            if broken is not None:
+                raise ValueError(f"member {broken} fails its checksum")
+            config = json.loads(z.read("config.json"))
+            names = set(z.namelist())
+            state = json.loads(z.read(_STATE_MEMBER)) if _STATE_MEMBER in names else {}
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
+        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
+    return config.get("build_config"), state
 
 
 def list_epochs(directory):
@@ -54,12 +93,45 @@ def list_epochs(directory):
     return sorted(int(m.group(1)) for m in found if m)
 
 
+def _load_latest(model, checkpoint_dir):
+    """On rank 0: loads the newest readable checkpoint. Returns (epoch, build_config, state)."""
+    epochs = list_epochs(checkpoint_dir)
+    for epoch in reversed(epochs):
+        path = epoch_path(checkpoint_dir, epoch)
+        try:
+            build_config, state = read_archive(path)
+        except ValueError as e:
+            warnings.warn(f"kfast skipped {e}; resuming from the checkpoint before it instead.", stacklevel=3)
+            continue
+        _build(model, build_config, path)
+        model.load_weights(path)
+        return epoch, build_config, state
+    if epochs:
+        raise ValueError(f"No checkpoint in {checkpoint_dir} can be read (tried epochs {epochs}); delete the "
+                         "broken files to start from scratch, or restore them from a backup.")
+    return 0, None, {}
+
+
+def _build(model, build_config, path):
+    # A model without an Input layer is built by its first batch; a checkpoint records the shapes it was
+    # built with, so restore() can build it now and load the weights before fit() starts.
+    if not model.built:
+        if not build_config:
+            raise ValueError(f"The model is not built and {path} records no input shape; call "
+                             "model.build(input_shape) or start it with keras.Input before restore().")
+        model.build_from_config(build_config)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
 def restore(model, checkpoint_dir):
     """Loads the latest checkpoint on rank 0 and gives every rank the same state.
 
-    Call it after `model.compile(...)` and before `fit`. Rank 0 reads the newest `epoch-NNNN.keras` in
-    `checkpoint_dir` (weights and optimizer state); every rank then receives rank 0's state and the
-    epoch to go on from.
+    Call it after `model.compile(...)` and before `fit`. Rank 0 reads the newest readable
+    `epoch-NNNN.keras` in `checkpoint_dir` (weights, optimizer state and kfast's training state, such as
+    the base learning rate and the best value so far); an unreadable file is skipped with a warning in
+    favour of the one before it. Every rank then receives rank 0's state and the epoch to go on from.
+    A model without an `Input` layer is built from the shapes the checkpoint records.
 
     Args:
         model: the compiled model to restore into.
@@ -68,22 +140,38 @@ def restore(model, checkpoint_dir):
     Returns:
         The `initial_epoch` to pass to `fit`: 0 when there is no checkpoint.
 
+    Raises:
+        RuntimeError: when the model is not compiled.
+        ValueError: when checkpoints exist but none can be read, or they do not fit the model.
+
     Example:
 
-    >>> initial_epoch = kfast.distributed.restore(model, "ckpt")  # doctest: +SKIP
-    >>> model.fit(loader, epochs=10, initial_epoch=initial_epoch)  # doctest: +SKIP
+    >>> import keras, kfast
+    >>> model = keras.Sequential([keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> kfast.distributed.restore(model, "no-checkpoints-here")
+    0
     """
     if model.optimizer is None:
         raise RuntimeError("restore() needs a compiled model: call model.compile(...) first.")
-    if not model.optimizer.built:
+    if model.built and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    epoch = 0
+    found, error = (0, None, {}), None
     if distributed.is_chief():
-        epochs = list_epochs(checkpoint_dir)
-        if epochs:
-            epoch = epochs[-1]
-            model.load_weights(epoch_path(checkpoint_dir, epoch))
-    epoch = distributed.broadcast_object(epoch, root_rank=0)
+        try:
+            found = _load_latest(model, checkpoint_dir)
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank below, so no rank waits forever
+            error = e
+    # Every rank learns of rank 0's failure, so none is left waiting in a collective.
+    found, message = distributed.broadcast_object((found, None if error is None else str(error)), root_rank=0)
+    if error is not None:
+        raise error
+    if message is not None:
+        raise ValueError(f"Rank 0 could not restore from {checkpoint_dir}: {message}")
+    epoch, build_config, state = found
     if epoch:
+        _build(model, build_config, checkpoint_dir)
         distributed.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
+    training_state(model).clear()
+    training_state(model).update(state)
     return epoch

@@ -101,6 +101,9 @@ class Diagnosis:
             lines.append(f"  {name:<14} {rate:>10.1f} {unit:<10} {rate * b:>10.0f} {1e3 / rate:>9.2f}")
         if self.gpu:
             for phase, g in self.gpu.items():
+                if not g:  # a phase shorter than the sampling interval has no samples
+                    lines.append(f"  GPU {phase:<10} no sample (the phase was shorter than the sampling interval)")
+                    continue
                 lines.append(f"  GPU {phase:<10} busy {g['gpu_util_mean']:.0f}% (p10 {g['gpu_util_p10']:.0f}%), idle in "
                              f"{g['gpu_idle_fraction']:.0%} of samples, memory max {g['gpu_mem_used_max'] / 2**20:.0f} MiB")
         else:

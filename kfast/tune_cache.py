@@ -1,13 +1,24 @@
-"""Where `kfast.tune` keeps its results: one JSON file per user, keyed by host and dataset signature."""
+"""Where `kfast.tune` keeps its results: one JSON file per user, keyed by host and dataset signature.
 
+The cache only saves time: an entry that fails validation is ignored (and re-measured), and a cache that
+cannot be written costs a warning, never the measured result.
+"""
+
+import contextlib
 import json
+import math
+import numbers
 import os
 import socket
+import threading
 import warnings
 
 import numpy as np
 
 from kfast.data import structure
+
+_SETTINGS = ("workers", "use_multiprocessing", "max_queue_size", "batches_per_s")
+_unwritable_warned = set()  # cache paths already warned about, so a retuning loop warns once
 
 
 def cache_path():
@@ -25,30 +36,96 @@ def signature(dataset):
     return f"{socket.gethostname()}|{cls.__module__}.{cls.__qualname__}|{len(dataset)}|{spec}|{shapes}"
 
 
-def _read(path):
+def _read(path, quiet=False):
     try:
         with open(path) as f:
             entries = json.load(f)
         if not isinstance(entries, dict):
             raise ValueError("not a JSON object")
         return entries
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # Absent, or under a path that is not a directory: `store` says so if it cannot write there.
         return {}
     except (OSError, ValueError) as e:
-        warnings.warn(f"kfast ignored its tuning cache {path} ({e}); it will be rewritten.", stacklevel=3)
+        if not quiet:
+            warnings.warn(f"kfast ignored its tuning cache {path} ({e}); it will be rewritten.", stacklevel=3)
         return {}
 
 
-def load(key):
-    return _read(cache_path()).get(key)
+def _positive_int(value, most):
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
+
+
+def _problem(entry, most_workers):
+    """Why `entry` is not a result `kfast.tune` could have written, or None when it is sound."""
+    if not isinstance(entry, dict):
+        return f"a {type(entry).__name__}, not an object"
+    missing = [k for k in (*_SETTINGS, "trials") if k not in entry]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    trials = entry["trials"]
+    if not isinstance(trials, list):
+        return f"trials is a {type(trials).__name__}, not a list"
+    for i, item in enumerate([entry, *trials]):
+        where = "" if i == 0 else f"trial {i - 1}: "
+        if not isinstance(item, dict) or any(k not in item for k in _SETTINGS):
+            return f"{where}not an object with {', '.join(_SETTINGS)}"
+        if not _positive_int(item["workers"], most_workers):
+            return f"{where}workers={item['workers']!r} is not an int in 1..{most_workers}"
+        if not isinstance(item["use_multiprocessing"], bool):
+            return f"{where}use_multiprocessing={item['use_multiprocessing']!r} is not a bool"
+        # tune tries queues of 2 and 4 batches per worker; anything far deeper was not written by it.
+        if not _positive_int(item["max_queue_size"], 4 * most_workers):
+            return f"{where}max_queue_size={item['max_queue_size']!r} is not an int in 1..{4 * most_workers}"
+        rate = item["batches_per_s"]
+        if (not isinstance(rate, numbers.Real) or isinstance(rate, bool) or not math.isfinite(rate)
+                or rate <= 0):
+            return f"{where}batches_per_s={rate!r} is not a finite number > 0"
+    return None
+
+
+def load(key, most_workers=None):
+    """The cached entry for `key`, or None when there is none or it is malformed (with a warning).
+
+    Args:
+        key: a `signature(dataset)`.
+        most_workers: the largest worker count a sound entry may hold. Defaults to `None`: four times the
+            usable CPU cores.
+
+    Returns:
+        A dict with `workers`, `use_multiprocessing`, `max_queue_size`, `batches_per_s` and `trials`, or None.
+    """
+    path = cache_path()
+    entry = _read(path).get(key)
+    if entry is None:
+        return None
+    problem = _problem(entry, most_workers or 4 * len(os.sched_getaffinity(0)))
+    if problem is not None:
+        warnings.warn(f"kfast ignored a malformed entry in its tuning cache {path} ({problem}); it will measure "
+                      "again and overwrite the entry.", stacklevel=3)
+        return None
+    return entry
 
 
 def store(key, entry):
+    """Saves `entry` under `key`; warns once per cache path, instead of raising, when it cannot be written."""
     path = cache_path()
-    entries = _read(path)
+    # Quiet: `load` has already warned about an unreadable file (unless `force` skipped it to replace it).
+    entries = _read(path, quiet=True)
     entries[key] = entry
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(entries, f, indent=1)
-    os.replace(tmp, path)
+    # Unique per process and thread, then an atomic replace: concurrent writers never leave a half-written
+    # cache (the last one wins).
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(entries, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if path not in _unwritable_warned:
+            _unwritable_warned.add(path)
+            warnings.warn(f"kfast could not save its tuning result to {path} ({e}); the result is used but will "
+                          "be measured again next time. Set KFAST_CACHE_DIR to a writable directory to keep it.",
+                          stacklevel=3)

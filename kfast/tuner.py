@@ -1,5 +1,7 @@
 """`kfast.tune` (defined here): pick FastLoader's workers, processes or threads, and queue depth by measuring."""
 
+import math
+import numbers
 import os
 import time
 
@@ -125,7 +127,9 @@ def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, f
     after warm-up; stops adding workers when throughput stops rising by 5%, once it exceeds
     `target_batches_per_s` (what the model can consume, e.g. `kfast.diagnose(...).compute_steps_per_s`),
     or when `budget_s` is spent; then tries a deeper queue for the winner. The result is cached per host
-    and dataset signature (class, length, batch structure and shapes) and reused unless `force=True`.
+    and dataset signature (class, length, batch structure and shapes) and reused unless `force=True`; a
+    malformed cache entry is ignored with a warning and measured again, and a cache that cannot be written
+    (see `KFAST_CACHE_DIR`) costs a warning, not the result.
 
     Args:
         dataset: anything FastLoader accepts.
@@ -142,24 +146,33 @@ def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, f
         A `TuneResult`; `result.loader(dataset)` builds the configured FastLoader.
 
     Raises:
-        ValueError: for a non-positive budget or max_workers.
+        ValueError: for a budget that is not a finite number > 0, or a max_workers that is not a positive
+            int or None.
 
     Example:
 
     >>> result = kfast.tune(dataset, budget_s=20)  # doctest: +SKIP
     >>> model.fit(result.loader(dataset), epochs=5)  # doctest: +SKIP
     """
-    if not isinstance(budget_s, (int, float)) or isinstance(budget_s, bool) or budget_s <= 0:
-        raise ValueError(f"tune got budget_s={budget_s!r}; it must be a number of seconds > 0.")
+    if (not isinstance(budget_s, numbers.Real) or isinstance(budget_s, bool) or not math.isfinite(budget_s)
+            or budget_s <= 0):
+        raise ValueError(f"tune got budget_s={budget_s!r}; it must be a finite number of seconds > 0, "
+                         "e.g. budget_s=30.")
     cpus = len(os.sched_getaffinity(0))
-    max_workers = max_workers or 2 * cpus
-    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-        raise ValueError(f"tune got max_workers={max_workers!r}; it must be a positive int.")
+    # Validated before defaulting: only None means "the default"; 0 is a mistake, not a request for it.
+    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
+                                    or max_workers < 1):
+        raise ValueError(f"tune got max_workers={max_workers!r}; it must be a positive int, or None for twice "
+                         f"the usable CPU cores ({2 * cpus}).")
+    if max_workers is None:
+        max_workers = 2 * cpus
     key = None
     if measure is None:
         key = tune_cache.signature(dataset)
-        cached = None if force else tune_cache.load(key)
-        if cached:
+        # An explicit max_workers above 4x the cores is honoured; a cached count beyond both is not tune's.
+        cached = None if force else tune_cache.load(key, most_workers=max(max_workers, 4 * cpus))
+        # A result measured with a larger max_workers breaks this call's limit: measure within it instead.
+        if cached and cached["workers"] <= max_workers:
             return TuneResult(cached["workers"], cached["use_multiprocessing"], cached["max_queue_size"],
                               cached["batches_per_s"], cached["trials"], from_cache=True)
         # Each burst is at most a tenth of the budget, so the search fits it.

@@ -3,17 +3,24 @@
     kfast train image-classification                       # synthetic images
     kfast train image-classification --make-sample imgs    # write a small PNG folder
     kfast train image-classification --data imgs           # one sub-folder per class, JPEG or PNG
+    kfast train image-classification --data imgs --skip-bad-files   # train without unreadable images
     horovodrun -np 2 python recipes/image_classification.py --epochs 3
 """
 
+import itertools
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import keras
 import numpy as np
 
 SUMMARY = "ResNet-style CNN on an image folder (one sub-folder per class) or synthetic images"
 _EXTENSIONS = (".png", ".jpg", ".jpeg")
+# Folders up to this size are fully decoded when indexed; larger ones only have their headers read, so a
+# file broken past its header fails (naming its path) in a loader worker instead.
+_DECODE_CHECK_BYTES = 256 * 2**20
+_reported_bad = set()  # unreadable files this process has reported already
 
 
 def add_arguments(parser):
@@ -23,6 +30,8 @@ def add_arguments(parser):
     parser.add_argument("--image-size", type=int, default=32, help="side of the square input (default 32)")
     parser.add_argument("--classes", type=int, default=4, help="classes of synthetic data (default 4)")
     parser.add_argument("--samples", type=int, default=1024, help="synthetic training images (default 1024)")
+    parser.add_argument("--skip-bad-files", action="store_true",
+                        help="skip images that cannot be decoded (and say how many) instead of stopping")
 
 
 def synthetic_image(label, classes, size, rng):
@@ -52,23 +61,111 @@ class SyntheticImages(keras.utils.PyDataset):
         return images, labels
 
 
+def to_rgb(img, path):
+    """Returns PIL image `img` (read from `path`) as 8-bit RGB, scaling deeper pixels rather than clipping them.
+
+    Integer images of 16 bits or more (modes `I;16`, which 16-bit grayscale PNGs open as, and `I`) map
+    0..65535 onto 0..255; float images (mode `F`) map 0..1, or 0..255 if a pixel exceeds 1. Images with
+    transparency go through RGBA, and alpha is dropped, as Keras's `load_img` does.
+
+    Raises:
+        ValueError: for pixels outside those ranges (or NaN), naming `path`.
+    """
+    from PIL import Image
+
+    if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+        pixels = np.asarray(img, dtype=np.float64)
+        full = 65535.0
+        if img.mode == "F":
+            full = 1.0 if pixels.size and pixels.max() <= 1 else 255.0
+        if pixels.size and not (np.isfinite(pixels).all() and pixels.min() >= 0 and pixels.max() <= full):
+            raise ValueError(f"{path} is a mode-{img.mode} image with pixels in [{pixels.min():g}, {pixels.max():g}]; "
+                             f"expected 0..{full:g}. Rescale it to 8-bit (0..255) and save it again.")
+        return Image.fromarray(np.rint(pixels * (255 / full)).astype(np.uint8)).convert("RGB")
+    if "transparency" in img.info:
+        img = img.convert("RGBA")  # converting palette images straight to RGB warns when entries carry alpha
+    return img.convert("RGB")
+
+
+def _class_names(root):
+    # Hidden folders (.ipynb_checkpoints, .DS_Store's kin) are not classes.
+    return sorted(d for d in os.listdir(root) if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
+
+
+def _problem(path, decode):
+    """Why the image at `path` cannot be used (None if it can): its header only, or a full decode."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            if decode:
+                img.draft("RGB", (64, 64))  # JPEGs decode at reduced scale: every byte still read, much less work
+                to_rgb(img, path)
+    except Exception as e:  # noqa: BLE001 - any failure to read makes the file unusable
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def index_images(root, skip_bad_files=False):
+    """Lists and checks the images under `root/<class>/`.
+
+    Folders up to 256 MiB are decoded in full (in threads), larger ones have every header read, so that a
+    broken image stops the run before training starts, naming the file.
+
+    Args:
+        root: a folder with one sub-folder per class (hidden ones are ignored).
+        skip_bad_files: leave unreadable images out (they are returned) rather than raise. Defaults to `False`.
+
+    Returns:
+        `(classes, files, skipped)`: class names, `(path, label)` pairs and the unreadable paths left out.
+
+    Raises:
+        ValueError: for unreadable images (without `skip_bad_files`), or for fewer than two classes with images.
+    """
+    classes = _class_names(root)
+    files = [(os.path.join(root, c, f), i) for i, c in enumerate(classes)
+             for f in sorted(os.listdir(os.path.join(root, c))) if f.lower().endswith(_EXTENSIONS)]
+    sizes = itertools.accumulate(os.path.getsize(path) for path, _ in files)
+    decode = all(total <= _DECODE_CHECK_BYTES for total in sizes)  # stops at the first file past the limit
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # decoders release the GIL
+        problems = list(pool.map(lambda item: _problem(item[0], decode), files))
+    bad = [(path, why) for (path, _), why in zip(files, problems) if why]
+    if bad and not skip_bad_files:
+        shown = "; ".join(f"{path} ({why})" for path, why in bad[:3]) + ("; ..." if len(bad) > 3 else "")
+        raise ValueError(f"{len(bad)} of {len(files)} image(s) under {root!r} cannot be read: {shown}. Replace or "
+                         f"delete them, or pass --skip-bad-files (ImageFolder(skip_bad_files=True)) to train without "
+                         f"them.")
+    files = [item for item, why in zip(files, problems) if not why]
+    found = sorted({classes[label] for _, label in files})
+    if len(found) < 2:
+        raise ValueError(f"ImageFolder found readable images in {len(found)} class folder(s) under {root!r}"
+                         f"{': ' + ', '.join(found) if found else ''}; a classifier needs at least two. Put each "
+                         f"class's images in its own sub-folder: {root}/<class>/<image>.png.")
+    return classes, files, [path for path, _ in bad]
+
+
 class ImageFolder(keras.utils.PyDataset):
     """Images under `root/<class>/*.{png,jpg,jpeg}`, decoded, resized and augmented in the loader's workers.
 
-    With `augment`, each image gets a random horizontal flip and a random crop after 12.5% padding,
-    drawn from (seed, epoch, index) so that every worker agrees. `set_epoch` reshuffles the samples.
+    The files are checked when the folder is indexed (see `index_images`). With `augment`, each image gets a
+    random horizontal flip and a random crop after 12.5% padding, drawn from (seed, epoch, index) so that
+    every worker agrees. `set_epoch` reshuffles the samples. An image that fails to decode in a worker
+    raises a ValueError naming it, or, with `skip_bad_files`, is replaced by the next readable file (its
+    neighbour in the same class folder, usually) and reported once per process.
+
+    Attributes:
+        skipped: the unreadable paths left out (with `skip_bad_files`).
     """
 
-    def __init__(self, root, batch_size, size, augment=False, seed=0, files=None, **kwargs):
+    def __init__(self, root, batch_size, size, augment=False, seed=0, files=None, skip_bad_files=False, **kwargs):
         super().__init__(**kwargs)
-        self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-        if not self.classes:
-            raise ValueError(f"ImageFolder found no class sub-folders in {root!r}; expected {root}/<class>/<image>.png")
-        self.files = files if files is not None else [
-            (os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
-            for f in sorted(os.listdir(os.path.join(root, c))) if f.lower().endswith(_EXTENSIONS)]
-        if not self.files:
+        if files is None:
+            self.classes, files, self.skipped = index_images(root, skip_bad_files)
+        else:
+            self.classes, self.skipped = _class_names(root), []
+        if not files:
             raise ValueError(f"ImageFolder found no {'/'.join(_EXTENSIONS)} files under {root!r}.")
+        self.files, self.skip_bad_files = files, skip_bad_files
         self.root, self.batch_size, self.size, self.augment, self.seed = root, batch_size, size, augment, seed
         self.set_epoch(0)
 
@@ -79,11 +176,30 @@ class ImageFolder(keras.utils.PyDataset):
     def __len__(self):
         return -(-len(self.files) // self.batch_size)
 
-    def _load(self, path, rng):
+    def _decode(self, path):
         from PIL import Image
 
         with Image.open(path) as img:
-            image = np.asarray(img.convert("RGB").resize((self.size, self.size)), dtype=np.uint8)
+            return np.asarray(to_rgb(img, path).resize((self.size, self.size)), dtype=np.uint8)
+
+    def _load(self, i, rng):
+        """File i (or, with skip_bad_files, the next one that decodes), decoded and augmented, and its label."""
+        for step in range(len(self.files)):
+            path, label = self.files[(i + step) % len(self.files)]
+            try:
+                image = self._decode(path)
+                break
+            except Exception as e:  # noqa: BLE001 - re-raised naming the file, original chained
+                why = f"{type(e).__name__}: {e}"
+                if not self.skip_bad_files:
+                    raise ValueError(f"ImageFolder cannot decode {path} ({why}); replace or delete it, or pass "
+                                     f"--skip-bad-files (ImageFolder(skip_bad_files=True)) to train without it.") from e
+                if path not in _reported_bad:
+                    _reported_bad.add(path)
+                    print(f"--skip-bad-files: cannot decode {path} ({why}); the next image takes its place.",
+                          file=sys.stderr, flush=True)
+        else:
+            raise ValueError(f"ImageFolder could decode none of its {len(self.files)} images under {self.root!r}.")
         if self.augment:
             if rng.random() < 0.5:
                 image = image[:, ::-1]
@@ -91,13 +207,13 @@ class ImageFolder(keras.utils.PyDataset):
             padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)), mode="reflect")
             top, left = rng.integers(0, 2 * pad + 1, size=2)
             image = padded[top:top + self.size, left:left + self.size]
-        return image
+        return image, label
 
     def __getitem__(self, index):
         picks = self.order[index * self.batch_size:(index + 1) * self.batch_size]
         rng = np.random.default_rng([self.seed, self.epoch, index])
-        images = np.stack([self._load(self.files[i][0], rng) for i in picks])
-        return images, np.array([self.files[i][1] for i in picks], dtype="int32")
+        images, labels = zip(*(self._load(i, rng) for i in picks))
+        return np.stack(images), np.array(labels, dtype="int32")
 
 
 def split(folder, val_fraction=0.2, seed=0):
@@ -149,10 +265,16 @@ def build(args):
     from kfast.recipes import _common
 
     if args.data:
-        folder = ImageFolder(args.data, args.batch_size, args.image_size)
+        folder = ImageFolder(args.data, args.batch_size, args.image_size, skip_bad_files=args.skip_bad_files)
+        if folder.skipped and distributed.is_chief():
+            shown = ", ".join(folder.skipped[:3]) + (", ..." if len(folder.skipped) > 3 else "")
+            print(f"--skip-bad-files: skipped {len(folder.skipped)} of {len(folder.skipped) + len(folder.files)} "
+                  f"image(s) that cannot be read: {shown}", flush=True)
         train_files, val_files = split(folder, seed=args.seed)
-        train = ImageFolder(args.data, args.batch_size, args.image_size, augment=True, seed=args.seed, files=train_files)
-        val = ImageFolder(args.data, args.batch_size, args.image_size, files=val_files)
+        skip = args.skip_bad_files
+        train = ImageFolder(args.data, args.batch_size, args.image_size, augment=True, seed=args.seed,
+                            files=train_files, skip_bad_files=skip)
+        val = ImageFolder(args.data, args.batch_size, args.image_size, files=val_files, skip_bad_files=skip)
         classes = len(folder.classes)
     else:
         classes = args.classes

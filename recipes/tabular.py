@@ -6,6 +6,7 @@
     kfast train tabular --data data.npz              # arrays `x` (samples, features) and `y` (int labels)
 """
 
+import itertools
 import os
 import sys
 
@@ -32,16 +33,103 @@ def synthetic(samples, features, seed=0):
 
 
 def read(path):
-    """Returns `(x, y)` from a .npz with `x` and `y`, or a CSV with a header and the label last."""
-    if path.endswith(".npz"):
-        with np.load(path) as f:
-            if "x" not in f or "y" not in f:
-                raise ValueError(f"{path} must hold arrays named 'x' and 'y'; it holds {sorted(f.files)}.")
-            return f["x"].astype("float32"), f["y"].astype("int32")
-    table = np.loadtxt(path, delimiter=",", skiprows=1, dtype="float32", ndmin=2)
+    """Returns `(x, y)` from a .npz with `x` and `y`, or a CSV with a header and the label last.
+
+    Raises:
+        ValueError: naming the file, the row (a CSV line counted from 1 with the header as line 1, or an
+            array index) and the column of the first bad value: a cell that is not a number, NaN or infinity
+            anywhere, or a label that is not a class id 0, 1, 2, ...; also for fewer than two classes.
+    """
+    x, y = _read_npz(path) if path.endswith(".npz") else _read_csv(path)
+    return x, y.astype("int32")
+
+
+_LINE = "line {} (counting from 1, the header being line 1)"
+
+
+def _data_lines(path):
+    """Yields `(line number, cells)` for each row np.loadtxt reads from a CSV: not the header, blank or comment."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        next(f, None)
+        for number, line in enumerate(f, start=2):
+            line = line.split("#", 1)[0]
+            if line.strip():
+                yield number, line.split(",")
+
+
+def _column(header, c):
+    return f"column {c + 1} ({header[c]!r})" if c < len(header) else f"column {c + 1}"
+
+
+def _cell(path, header, row, c):
+    """Names the cell in column c of data row `row` (0-based, as np.loadtxt counts) as the user sees it."""
+    line, cells = next(itertools.islice(_data_lines(path), row, None))
+    c %= len(cells)
+    return f"{path}, {_LINE.format(line)}, {_column(header, c)}: got {cells[c].strip()!r}"
+
+
+def _read_csv(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        header = [name.strip() for name in f.readline().split(",")]
+    try:
+        table = np.loadtxt(path, delimiter=",", skiprows=1, dtype="float32", ndmin=2)
+    except ValueError as e:
+        # numpy counts rows its own way: find the line and column as the user sees them.
+        width = None
+        for line, cells in _data_lines(path):
+            width = width or len(cells)
+            if len(cells) != width:
+                raise ValueError(f"{path}, {_LINE.format(line)}: got {len(cells)} cells where the rows above have "
+                                 f"{width}; every row needs one cell per column.") from e
+            for c, cell in enumerate(cells):
+                try:
+                    float(cell)
+                except ValueError:
+                    raise ValueError(f"{path}, {_LINE.format(line)}, {_column(header, c)}: got {cell.strip()!r}; "
+                                     f"expected a number. Fix the cell or drop its row, then train again.") from e
+        raise ValueError(f"{path} cannot be read as a table of numbers: {e}") from e
     if table.shape[1] < 2:
-        raise ValueError(f"{path} needs at least one feature column and a label column; got {table.shape[1]} column(s).")
-    return table[:, :-1], table[:, -1].astype("int32")
+        raise ValueError(f"{path} needs at least one feature column and a label column; got {table.shape[1]} "
+                         f"column(s).")
+    bad = np.argwhere(~np.isfinite(table))
+    if len(bad):
+        raise ValueError(f"{_cell(path, header, *bad[0])}; every cell must be a finite number, and {len(bad)} cell(s) "
+                         f"are NaN or infinite. Fill them in or drop their rows (pandas: df.dropna()), then train "
+                         f"again.")
+    _check_labels(path, table[:, -1], lambda row: _cell(path, header, row, -1))
+    return table[:, :-1], table[:, -1]
+
+
+def _read_npz(path):
+    with np.load(path) as f:
+        if "x" not in f or "y" not in f:
+            raise ValueError(f"{path} must hold arrays named 'x' and 'y'; it holds {sorted(f.files)}.")
+        x, y = f["x"], f["y"]
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+        raise ValueError(f"{path} holds x of shape {x.shape} and y of shape {y.shape}; expected x of shape "
+                         f"(samples, features) and y of shape (samples,).")
+    for name, a in (("x", x), ("y", y)):
+        bad = np.argwhere(~np.isfinite(a))
+        if len(bad):
+            at = ", ".join(str(i) for i in bad[0])
+            raise ValueError(f"{path}: {name}[{at}] is {a[tuple(bad[0])]}; {name} must hold finite numbers, and "
+                             f"{len(bad)} of its entries are NaN or infinite. Fill them in or drop those samples, "
+                             f"then train again.")
+    _check_labels(path, y, lambda i: f"{path}: y[{i}] is {y[i]}")
+    return x.astype("float32"), y
+
+
+def _check_labels(path, y, where):
+    """Raises unless `y` holds class ids (whole numbers >= 0) of two classes or more; `where(i)` names label i."""
+    bad = np.flatnonzero((y != np.round(y)) | (y < 0))
+    if len(bad):
+        raise ValueError(f"{where(bad[0])}; labels must be class ids 0, 1, 2, ..., and {len(bad)} of {len(y)} are "
+                         f"not. This recipe classifies: bin a continuous target into classes first.")
+    values = np.unique(y)
+    if len(values) < 2:
+        raise ValueError(f"{path}: the labels hold {len(values)} class(es) {values.astype(int).tolist()} in {len(y)} "
+                         f"rows; a classifier needs at least two. Check that the label is the last column (CSV) or y "
+                         f"(.npz).")
 
 
 def write_sample(path, samples=512, features=8, seed=0):

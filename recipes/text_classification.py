@@ -45,17 +45,45 @@ def synthetic_docs(samples, seed=0, classes=3):
 
 
 def read(directory):
-    """Returns `(documents, labels, class_names)` from directory/<class>.txt files."""
+    """Returns `(documents, labels, class_names)` from directory/<class>.txt files.
+
+    Raises:
+        ValueError: for fewer than two class files, a file with no documents, or one that is not UTF-8
+            (naming the file and the byte offset of the first bad byte).
+    """
     names = sorted(f[:-4] for f in os.listdir(directory) if f.endswith(".txt"))
     if len(names) < 2:
         raise ValueError(f"{directory!r} needs at least two <class>.txt files (one document per line); found {len(names)}.")
     docs, labels = [], []
     for label, name in enumerate(names):
-        with open(os.path.join(directory, f"{name}.txt"), encoding="utf-8") as f:
-            lines = [line.strip() for line in f if line.strip()]
+        path = os.path.join(directory, f"{name}.txt")
+        try:
+            with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of the first word
+                lines = [line.strip() for line in f if line.strip()]
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+        if not lines:
+            raise ValueError(f"{path} holds no documents; each <class>.txt needs at least one non-blank line, or "
+                             f"delete it to drop the class.")
         docs += lines
         labels += [label] * len(lines)
     return docs, labels, names
+
+
+def _not_utf8(path):
+    # A text file's decoding error gives an offset into one buffered chunk: decode the whole file for the
+    # offset a hex editor would show.
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return ValueError(f"{path} is not valid UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}) "
+                          f"cannot be decoded ({e.reason}), so the file is in another encoding, such as Latin-1. "
+                          f"Re-encode it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 old.txt > new.txt`), then train "
+                          f"again.")
+    return ValueError(f"{path} is not valid UTF-8; re-encode it as UTF-8, then train again.")
 
 
 def write_sample(directory, per_class=100, seed=0):

@@ -95,3 +95,11 @@ def test_cli_prints_the_verdict_for_a_module_function(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 1000
     bad = subprocess.run([kfast_cli, "diagnose", "nocolon"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "module:function" in bad.stderr
+
+
+def test_report_prints_a_phase_without_gpu_samples():
+    model = _model(8, 8, 1)
+    d = kfast.diagnose(model, datasets.Features(n=8), steps=4, warmup=1,
+                       sampler=_scripted([(0.0, 1), (90.0, 1)] * 100))
+    d.gpu["compute"] = {}  # what a phase gets when it ends before the sampler's first reading
+    assert "GPU compute    no sample" in str(d)

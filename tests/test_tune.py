@@ -9,6 +9,7 @@ import datasets
 import kfast
 import kfast.callbacks
 from helpers import REPO
+from kfast import tune_cache
 from kfast.data import FastLoader
 
 
@@ -117,3 +118,90 @@ def test_cli_shows_progress_and_the_table(tmp_path):
                           timeout=180, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KFAST_CACHE_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     assert "tried threads   workers=1" in proc.stdout and "chosen:" in proc.stdout
+
+
+@pytest.mark.parametrize("budget_s", [float("nan"), float("inf"), 0, -1, True, "30"])
+def test_budget_must_be_finite_and_positive(budget_s):
+    with pytest.raises(ValueError, match=r"budget_s=.*finite number of seconds > 0"):
+        kfast.tune(None, budget_s=budget_s, measure=lambda *a: 1)
+
+
+@pytest.mark.parametrize("max_workers", [0, -1, True, 1.5])
+def test_max_workers_is_checked_before_the_default(max_workers):
+    with pytest.raises(ValueError, match=rf"max_workers={max_workers!r}; it must be a positive int, or None"):
+        kfast.tune(None, max_workers=max_workers, measure=lambda *a: 1)
+
+
+# A budget under one burst (0.3 s, which 5 ms batches fill) stops the search after a single one-thread
+# trial, so these stay fast.
+QUICK = {"budget_s": 0.1, "max_workers": 1}
+
+
+def quick_data():
+    return datasets.Features(n=4, delay=0.005)
+
+
+def test_an_unwritable_cache_warns_once_and_still_returns_the_result(tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("not a directory")
+    cache_dir = tmp_path / "afile" / "sub"  # makedirs fails even as root
+    monkeypatch.setenv("KFAST_CACHE_DIR", str(cache_dir))
+    data = quick_data()
+    with pytest.warns(UserWarning, match=r"could not save its tuning result to .*afile.*sub.*KFAST_CACHE_DIR") as w:
+        result = kfast.tune(data, **QUICK)
+    assert len(w) == 1 and str(cache_dir / "tune.json") in str(w[0].message)
+    assert not result.from_cache and result.batches_per_s > 0 and len(result.trials) == 1
+    again = kfast.tune(data, **QUICK)  # once per path: a second warning would be an error here
+    assert not again.from_cache
+
+
+def _valid_entry():
+    trial = {"workers": 1, "use_multiprocessing": False, "max_queue_size": 2, "batches_per_s": 50.0}
+    return {**trial, "trials": [dict(trial)]}
+
+
+def _missing_key():
+    entry = _valid_entry()
+    del entry["max_queue_size"]
+    return entry
+
+
+def _bad_trial():
+    entry = _valid_entry()
+    entry["trials"] = [{"workers": 1}]
+    return entry
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ({**_valid_entry(), "workers": 100000}, "workers=100000"),
+    ("4 workers", "a str, not an object"),
+    (_missing_key(), "missing max_queue_size"),
+    ({**_valid_entry(), "use_multiprocessing": "yes"}, "use_multiprocessing='yes'"),
+    ({**_valid_entry(), "max_queue_size": 0}, "max_queue_size=0"),
+    ({**_valid_entry(), "batches_per_s": float("nan")}, "batches_per_s=nan"),
+    ({**_valid_entry(), "trials": "none"}, "trials is a str"),
+    (_bad_trial(), "trial 0: not an object"),
+])
+def test_a_malformed_cache_entry_is_measured_again_and_overwritten(tmp_path, monkeypatch, entry, problem):
+    monkeypatch.setenv("KFAST_CACHE_DIR", str(tmp_path))
+    data = quick_data()
+    key = tune_cache.signature(data)
+    (tmp_path / "tune.json").write_text(json.dumps({key: entry, "other|key": _valid_entry()}))
+    with pytest.warns(UserWarning, match=r"ignored a malformed entry in its tuning cache .*tune\.json") as w:
+        result = kfast.tune(data, **QUICK)
+    assert problem in str(w[0].message)
+    assert not result.from_cache and result.workers == 1
+    with open(tmp_path / "tune.json") as f:
+        saved = json.load(f)
+    assert saved[key] == result.to_dict() and saved["other|key"] == _valid_entry()
+    assert kfast.tune(data, **QUICK).from_cache  # the rewritten entry is trusted
+
+
+def test_a_cached_result_beyond_max_workers_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("KFAST_CACHE_DIR", str(tmp_path))
+    data = quick_data()
+    entry = {**_valid_entry(), "workers": 2, "max_queue_size": 4}
+    entry["trials"] = [{k: entry[k] for k in ("workers", "use_multiprocessing", "max_queue_size", "batches_per_s")}]
+    (tmp_path / "tune.json").write_text(json.dumps({tune_cache.signature(data): entry}))
+    assert kfast.tune(data, budget_s=0.1, max_workers=2).from_cache
+    result = kfast.tune(data, **QUICK)
+    assert not result.from_cache and result.workers == 1

@@ -4,6 +4,7 @@ Both take tasks `submit(seq, index, epoch)` and hand back `result(seq)` in any o
 the loader decides the order and bounds how many tasks are in flight.
 """
 
+import contextlib
 import ctypes
 import multiprocessing
 import pickle
@@ -32,6 +33,28 @@ def _context(dataset):
     # Only the first call before the server starts takes effect; later datasets import in the child.
     ctx.set_forkserver_preload(preload)
     return ctx
+
+
+@contextlib.contextmanager
+def _main_hidden(needed):
+    """Starts processes that do not run the training script again.
+
+    multiprocessing makes each child import the parent's `__main__` (so that classes defined there
+    unpickle). A script without an `if __name__ == "__main__":` guard then runs again in every worker;
+    under horovodrun that means a second `hvd.init()` in the worker, which aborts it. Workers need only
+    the dataset's own module, so the script is hidden while they start, unless the dataset lives in it.
+    """
+    main = sys.modules.get("__main__")
+    if needed or main is None:
+        yield
+        return
+    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
 
 
 class WorkerError(RuntimeError):
@@ -106,7 +129,8 @@ class ProcessPool:
             parent_end, child_end = ctx.Pipe(duplex=True)
             p = ctx.Process(target=_worker.run, args=(child_end, payload, ring), name=f"kfast-loader-{i}",
                             daemon=True)
-            p.start()
+            with _main_hidden(needed=b"__main__" in payload):
+                p.start()
             child_end.close()  # so a dead worker reads as EOF here, not as silence
             self._processes.append(p)
             self._conns.append(parent_end)

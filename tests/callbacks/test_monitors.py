@@ -74,3 +74,70 @@ def test_throughput_monitor_values_reach_history_and_csv(tmp_path):
 
 def test_summary_of_no_samples_is_empty():
     assert gpu_sampling.summarize([]) == {}
+
+
+class _ScriptedClock:
+    """A clock that real time moves a little and validation batches move a lot."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self):
+        return time.perf_counter() + self.offset
+
+
+class _SlowValidation(keras.utils.PyDataset):
+    """Validation batches that each 'take' 100 s on the scripted clock."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock, self.x = clock, datasets.Features(n=1).x
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        self.clock.offset += 100.0
+        return self.x, self.x.sum(axis=1, keepdims=True)
+
+
+def test_throughput_monitor_counts_training_steps_only(monkeypatch):
+    from kfast.callbacks import throughput_monitor
+
+    clock = _ScriptedClock()
+    monkeypatch.setattr(throughput_monitor, "_clock", clock)
+    with FastLoader(datasets.Features(n=4), workers=1, use_multiprocessing=False) as loader:
+        history = _model().fit(loader, epochs=2, verbose=0, validation_data=_SlowValidation(clock),
+                               callbacks=[kfast.callbacks.ThroughputMonitor(loader)])
+    # 300 scripted seconds of validation per epoch; counted, a step would take at least 75 s. (The first
+    # epoch is not checked: Keras peeks at validation batches to build its iterator before validating.)
+    assert history.history["step_time"][1] < 30
+    assert history.history["steps_per_second"][1] > 1 / 30
+
+
+class _WaitingLoader:
+    """Stands in for a FastLoader's counters when AutoTune is driven by hand."""
+
+    dataset, settings, wait_seconds = None, {"workers": 1}, 0.0
+
+    def configure(self, **settings):
+        self.settings = settings
+
+
+def test_auto_tune_ignores_validation_time(monkeypatch):
+    from kfast import tuner
+    from kfast.callbacks import auto_tune
+
+    now = [0.0]
+    monkeypatch.setattr(auto_tune, "_clock", lambda: now[0])
+    result = tuner.TuneResult(2, True, 4, 50.0, [])
+    loader = _WaitingLoader()
+    cb = kfast.callbacks.AutoTune(loader, threshold=0.2, verbose=0, tuner=lambda *a, **k: result)
+    cb.on_train_begin()
+    cb.on_epoch_begin(0)
+    now[0], loader.wait_seconds = 10.0, 5.0  # training: half of 10 s spent waiting for input
+    cb.on_test_begin()
+    now[0] = 1000.0  # a long validation
+    cb.on_test_end()
+    cb.on_epoch_end(0, {})
+    assert [c["reason"] for c in cb.changes] == ["before training", "epoch 1 waited 50% for input"]

@@ -268,3 +268,22 @@ def test_batches_kept_by_the_caller_are_never_overwritten():
     for i, ((x, y), view) in enumerate(zip(kept, views)):
         np.testing.assert_array_equal(x, np.full((4, 3), i, "float32"))
         np.testing.assert_array_equal(view, np.full((3, 2), i, "float32"))
+
+
+def test_workers_do_not_run_an_unguarded_script_again(tmp_path):
+    # No `if __name__ == "__main__":` guard: each worker used to import the script and run it again (under
+    # horovodrun, a second hvd.init() in the worker, which aborts it).
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {os.path.join(REPO, 'tests')!r})\n"
+        "import datasets\n"
+        "from kfast.data import FastLoader\n"
+        "with open('runs.txt', 'a') as f:\n"
+        "    f.write(f'{os.getpid()}\\n')\n"
+        "with FastLoader(datasets.Squares(n=6), workers=2, use_multiprocessing=True) as loader:\n"
+        "    print(sorted(int(x[0, 0]) for x, _ in loader))\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0, 1, 2, 3, 4, 5]"
+    assert len((tmp_path / "runs.txt").read_text().split()) == 1

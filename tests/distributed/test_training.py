@@ -39,6 +39,44 @@ def test_two_ranks_of_batch_b_match_one_rank_of_batch_2b(horovodrun, tmp_path, m
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_fp16_compression_across_two_ranks_stays_within_fp16_tolerance(horovodrun, tmp_path):
+    horovodrun(SCRIPT, "equiv_fp16", tmp_path)
+    rank0, rank1 = _results(tmp_path, "equiv_fp16")
+    assert rank0["weights"] == rank1["weights"]
+    for got, want in zip(rank0["weights"], rank0["reference"]):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=2e-3)
+    # fp16 really travelled: the result is not the fp32 one bit for bit.
+    assert any(not np.array_equal(got, want) for got, want in zip(rank0["weights"], rank0["reference"]))
+
+
+def _warmup_rates(size, epochs=6, warmup=5, steps=3, base=0.05):
+    return [base * (1 + min(1.0, (e + (b + 1) / steps) / warmup) * (size - 1)) for e in range(epochs)
+            for b in range(steps)]
+
+
+def test_resume_at_every_epoch_of_the_warmup_gives_the_uninterrupted_rates(horovodrun, tmp_path):
+    horovodrun(SCRIPT, "warmup_resume", tmp_path, timeout=400)
+    rank0, rank1 = _results(tmp_path, "warmup_resume")
+    assert rank0["uninterrupted"] == rank1["uninterrupted"]
+    np.testing.assert_allclose(rank0["uninterrupted"], _warmup_rates(2), rtol=0, atol=1e-7)
+    for stop, resumed in rank0["resumed"].items():
+        assert resumed["initial_epoch"] == int(stop)
+        np.testing.assert_allclose(resumed["rates"], rank0["uninterrupted"], rtol=0, atol=1e-7, err_msg=stop)
+        for got, want in zip(resumed["state"], rank0["final"]):
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=stop)
+        assert resumed["state"] == rank1["resumed"][stop]["state"]
+
+    # The run stopped after 2 epochs on 2 ranks, resumed on 1: the same base rate, scaled by 1.
+    proc = subprocess.run([sys.executable, SCRIPT, "resume_one_rank", str(tmp_path)], capture_output=True,
+                          text=True, timeout=240, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(os.path.join(tmp_path, "resume_one_rank-rank0.json")) as f:
+        one = json.load(f)
+    assert one["initial_epoch"] == 2
+    np.testing.assert_allclose(one["rates"], [0.05] * (4 * 3), rtol=0, atol=1e-9)
+
+
 def test_uneven_dataset_trains_to_the_end_and_metrics_average_exactly(horovodrun, tmp_path):
     horovodrun(SCRIPT, "uneven", tmp_path)
     for result in _results(tmp_path, "uneven"):

@@ -5,15 +5,18 @@ functions of the rank, so every expected value is exact."""
 
 import json
 import os
+import shutil
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
 
 import keras
 import numpy as np
 
 import kfast
 import kfast.callbacks
+from helpers import RecordRates
 from kfast import distributed
 
 B = 8  # per-rank batch
@@ -54,10 +57,10 @@ def sync(out, wrap):
     return {"state": state(model)}
 
 
-def equivalence(out, steps_per_execution=1, passes=1):
+def equivalence(out, steps_per_execution=1, passes=1, compression=None):
     x, y = global_data(8, 2 * B)
     model = make_model(seed=distributed.rank(), optimizer=kfast.DistributedOptimizer(
-        keras.optimizers.SGD(0.05), backward_passes_per_step=passes))
+        keras.optimizers.SGD(0.05), backward_passes_per_step=passes, compression=compression))
     model.compile(model.optimizer, "mse", jit_compile=False, steps_per_execution=steps_per_execution)
     xr, yr = rank_data(x, y, B)
     model.fit(xr, yr, batch_size=B, epochs=2, shuffle=False, verbose=0, callbacks=[kfast.callbacks.BroadcastState()])
@@ -105,6 +108,42 @@ def checkpointed(out, epochs, die_after=None, resume=False):
     return {"initial_epoch": initial_epoch, "state": state(model), "files": sorted(os.listdir(ckpt))}
 
 
+WARMUP_EPOCHS, STEPS = 5, 3
+
+
+def warmup_fit(ckpt, epochs, resume=False):
+    """README's flow: SGD(0.05), restore(), callbacks(ckpt) with 5 warm-up epochs. Returns (initial_epoch, rates)."""
+    x, y = global_data(STEPS, 2 * B)
+    model = make_model(seed=distributed.rank(), optimizer=kfast.DistributedOptimizer(keras.optimizers.SGD(0.05)))
+    initial_epoch = distributed.restore(model, ckpt) if resume else 0
+    record = RecordRates()
+    xr, yr = (x, y) if distributed.size() == 1 else rank_data(x, y, B)
+    model.fit(xr, yr, batch_size=len(xr) // STEPS, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
+              verbose=0, callbacks=distributed.callbacks(ckpt, warmup_epochs=WARMUP_EPOCHS, monitor="loss") + [record])
+    return initial_epoch, record.rates, state(model)
+
+
+def warmup_resume(out):
+    """Uninterrupted 6 epochs, then for every stop in 1..5: stop there and resume with a fresh model."""
+    total = WARMUP_EPOCHS + 1
+    _, uninterrupted, final = warmup_fit(os.path.join(out, "ckpt-full"), total)
+    resumed = {}
+    for stop in range(1, total):
+        ckpt = os.path.join(out, f"ckpt-{stop}")
+        _, first, _ = warmup_fit(ckpt, stop)
+        if stop == 2 and distributed.is_chief():
+            shutil.copytree(ckpt, ckpt + "-stopped")  # for resume_one_rank
+        initial_epoch, rest, end = warmup_fit(ckpt, total, resume=True)
+        resumed[stop] = {"initial_epoch": initial_epoch, "rates": first + rest, "state": end}
+    return {"uninterrupted": uninterrupted, "final": final, "resumed": resumed}
+
+
+def resume_one_rank(out):
+    """Resumes the 2-rank run stopped after 2 epochs on this single process."""
+    initial_epoch, rates, _ = warmup_fit(os.path.join(out, "ckpt-2-stopped"), WARMUP_EPOCHS + 1, resume=True)
+    return {"initial_epoch": initial_epoch, "rates": rates}
+
+
 def main():
     mode, out = sys.argv[1], sys.argv[2]
     distributed.init()
@@ -114,6 +153,9 @@ def main():
         "equiv": lambda: equivalence(out),
         "equiv_spe": lambda: equivalence(out, steps_per_execution=2),
         "equiv_accum": lambda: equivalence(out, passes=2),
+        "equiv_fp16": lambda: equivalence(out, compression="fp16"),
+        "warmup_resume": lambda: warmup_resume(out),
+        "resume_one_rank": lambda: resume_one_rank(out),
         "uneven": lambda: uneven(out),
         "full": lambda: checkpointed(out, epochs=4),
         "killed": lambda: checkpointed(out, epochs=4, die_after=2),
