@@ -119,3 +119,81 @@ class Features(keras.utils.PyDataset):
         if self.delay:
             time.sleep(self.delay)
         return self.x + np.float32(i % 3), self.y
+
+
+class Stuck(Squares):
+    """Batch `stuck` never returns (it notes in `marker` that it began); the others are quick."""
+
+    def __init__(self, n=6, stuck=2, marker=None, **kwargs):
+        super().__init__(n=n, **kwargs)
+        self.stuck, self.marker = stuck, marker
+
+    def __getitem__(self, i):
+        if i == self.stuck:
+            if self.marker:
+                with open(self.marker, "w") as f:
+                    f.write(str(os.getpid()))
+            while True:
+                time.sleep(0.05)
+        return super().__getitem__(i)
+
+
+class Draws(Squares):
+    """Each batch holds draws from numpy's and Python's global generators, as augmentation code makes."""
+
+    def __getitem__(self, i):
+        import random
+
+        return np.array([np.random.randint(2**31), random.randrange(2**31)], "int64"), np.full(2, i, "int64")
+
+
+class Sized(Squares):
+    """Batch i has rows[i] rows: to size shared-memory slots by a batch other than the first."""
+
+    def __init__(self, rows, **kwargs):
+        super().__init__(n=len(rows), **kwargs)
+        self.rows = rows
+
+    def __getitem__(self, i):
+        return np.full((self.rows[i], 3), i, "float32"), np.full((self.rows[i], 2), i, "int64")
+
+
+class Big(Squares):
+    """Batches of `mib` MiB each."""
+
+    def __init__(self, n=6, mib=0.25, **kwargs):
+        super().__init__(n=n, **kwargs)
+        self.rows = int(mib * 2**20 / 12)
+
+    def __getitem__(self, i):
+        return np.full((self.rows, 3), i, "float32"), np.full((self.rows,), i, "int64")
+
+
+class ReorderedKeys(Squares):
+    """Dict batches whose keys come in a different order every other batch (Keras accepts that)."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return ({"a": x, "b": x + 1} if i % 2 else {"b": x + 1, "a": x}), y
+
+
+class CountedBatches(keras.utils.PyDataset):
+    """A PyDataset that gives `num_batches` instead of `__len__`, with sample weights, recording its hooks."""
+
+    def __init__(self, n=4, **kwargs):
+        super().__init__(**kwargs)
+        self.n, self.hooks = n, []
+
+    @property
+    def num_batches(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = np.full((4, 3), i, "float32")
+        return x, x[:, :1], np.ones(4, "float32")
+
+    def on_epoch_begin(self):
+        self.hooks.append("begin")
+
+    def on_epoch_end(self):
+        self.hooks.append("end")

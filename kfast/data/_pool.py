@@ -1,21 +1,37 @@
-"""Worker pools behind FastLoader: processes with a shared-memory ring, or threads.
+"""FastLoader's worker processes.
 
-Both take tasks `submit(seq, index, epoch)` and hand back `result(seq)` in any order the caller asks;
-the loader decides the order and bounds how many tasks are in flight.
+Both pools (this one, and the threads in `_threads`) take tasks `submit(seq, index, epoch)` and hand back
+`result(seq)` in any order the caller asks; the loader decides the order and bounds the tasks in flight.
+
+NOTE [Who owns what, and the shutdown order]
+- The training process owns the pool: the worker processes, one duplex pipe and one stack pipe per
+  worker, and the shared-memory ring (`_ring.Ring`). Workers fork from multiprocessing's fork server, a
+  clean interpreter that preloaded `kfast.data._worker` (numpy only), never from the training process.
+- `close()` (also run by a finalizer at exit or when the pool is garbage-collected) sends every worker
+  `None`, waits up to a second for all of them together, kills those still busy (a stuck `__getitem__`),
+  closes the pipes and unlinks the segment; batches already handed out keep their mapping until freed.
+- If the training process dies without closing (SIGKILL, or a signal with no handler), every worker's
+  lifeline pipe (whose only write end the training process held) reads end-of-file and the worker exits,
+  stuck or not; the fork server, whose last user is then gone, exits and removes multiprocessing's
+  temporary directory (`_janitor`); the resource tracker, whose pipe then closes, unlinks the segments
+  the training process registered.
 """
 
 import contextlib
-import ctypes
 import multiprocessing
-import pickle
+import os
+import signal
 import sys
+import time
+import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import connection
-from multiprocessing import shared_memory
 
+import cloudpickle
 import numpy as np
 
+from kfast.data import _interrupt
+from kfast.data import _ring
 from kfast.data import _worker
 from kfast.data import structure
 
@@ -24,28 +40,46 @@ from kfast.data import structure
 # interpreter that imported the worker loop and the dataset's module once (importing a module that
 # imports Keras costs seconds per worker otherwise), and that never runs framework ops.
 _START_METHOD = "forkserver"
+# Seconds without a batch before a warning says which worker is stuck where (again every period after).
+_STALL_WARNING_S = 60.0
+_POLL_S = 0.25
+_TEMP_DIR_VARIABLE = "KFAST_MP_TEMP_DIR"  # read by kfast.data._janitor in the fork server; never imported here  # how often a wait looks at Ctrl-C, the timeout and the stall warning
+
+
+class WorkerError(RuntimeError):
+    """A FastLoader worker failed; the message holds the batch index and the worker's traceback."""
+
+
+def dumps(dataset):
+    """Pickles `dataset` for the workers. Classes that cannot be imported by name (defined in `__main__`,
+    a notebook cell or stdin) travel by value (cloudpickle), so any dataset works in worker processes."""
+    return cloudpickle.dumps(dataset, protocol=5)
 
 
 def _context(dataset):
     ctx = multiprocessing.get_context(_START_METHOD)
     module = type(dataset).__module__
-    preload = ["kfast.data._worker"] + ([module] if module not in ("__main__", "builtins") else [])
+    preload = ["kfast.data._janitor", "kfast.data._worker"] + (
+        [module] if module not in ("__main__", "builtins") else [])
     # Only the first call before the server starts takes effect; later datasets import in the child.
     ctx.set_forkserver_preload(preload)
+    # The fork server removes multiprocessing's temporary directory when it exits (see the NOTE above).
+    os.environ[_TEMP_DIR_VARIABLE] = multiprocessing.util.get_temp_dir()
     return ctx
 
 
 @contextlib.contextmanager
-def _main_hidden(needed):
+def _main_hidden():
     """Starts processes that do not run the training script again.
 
     multiprocessing makes each child import the parent's `__main__` (so that classes defined there
     unpickle). A script without an `if __name__ == "__main__":` guard then runs again in every worker;
-    under horovodrun that means a second `hvd.init()` in the worker, which aborts it. Workers need only
-    the dataset's own module, so the script is hidden while they start, unless the dataset lives in it.
+    under horovodrun that means a second `hvd.init()` in the worker, which aborts it. Datasets travel by
+    value when their class lives in `__main__`, so workers never need the script: it is hidden while they
+    start.
     """
     main = sys.modules.get("__main__")
-    if needed or main is None:
+    if main is None:
         yield
         return
     saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
@@ -57,113 +91,158 @@ def _main_hidden(needed):
         main.__dict__.update(saved)
 
 
-class WorkerError(RuntimeError):
-    """A FastLoader worker failed; the message holds the batch index and the worker's traceback."""
-
-
-def _shutdown(processes, conns, shm, slots):
+def _shutdown(processes, conns, state):
     for conn in conns:
         try:
             conn.send(None)
         except (OSError, ValueError):
             pass
+    deadline = time.monotonic() + 1.0
     for p in processes:
-        p.join(timeout=2)
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
     for p in processes:
         if p.is_alive():
             p.kill()
             p.join(timeout=2)
     for conn in conns:
         conn.close()
-    slots.clear()
-    if shm is not None:
-        try:
-            shm.close()
-        except BufferError:
-            pass  # batches still in use map the memory; it is unmapped when the last one is freed
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
+    if "lifeline" in state:
+        state.pop("lifeline").close()
+    for ring in state["rings"]:
+        ring.release()
+    state["rings"].clear()
 
 
-class _Segment(shared_memory.SharedMemory):
-    """A shared-memory segment that batches may outlive: it stays mapped until their last view is freed."""
+def read_stack(pid, stack_conn, wait_s=1.0):
+    """The Python stack of worker `pid` (faulthandler's dump on SIGUSR1), or a note why there is none."""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except OSError as e:
+        return f"(no stack: {e})"
+    chunks, deadline = [], time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if stack_conn.poll(0.05):
+            chunks.append(os.read(stack_conn.fileno(), 65536))
+        elif chunks:
+            break
+    text = b"".join(chunks).decode(errors="replace").strip()
+    return text or "(no stack arrived)"
 
-    def __del__(self):
-        try:
-            self.close()
-        except BufferError:
-            pass  # batches still use the mapping; the memory goes when the last of them is freed
+
+class Waiter:
+    """The clock of one wait for a batch: the caller's `timeout`, the stall warning, and Ctrl-C."""
+
+    def __init__(self, timeout, describe):
+        self.start = self._warned = time.monotonic()
+        self.timeout, self.describe = timeout, describe
+
+    def check(self):
+        now = time.monotonic()
+        if _interrupt.since(self.start):
+            raise KeyboardInterrupt("FastLoader stopped waiting for a batch: Ctrl-C")
+        if self.timeout is not None and now - self.start > self.timeout:
+            raise WorkerError(f"FastLoader timed out after {self.timeout:g} s (timeout=) waiting for "
+                              f"{self.describe()}")
+        if now - self._warned > _STALL_WARNING_S:
+            self._warned = now
+            warnings.warn(f"FastLoader has waited {now - self.start:.0f} s for {self.describe()} Pass "
+                          "timeout= to FastLoader to make this an error.", stacklevel=4)
 
 
 class ProcessPool:
     """`workers` processes from the fork server; numeric batches come back in `slots` shared-memory slots."""
 
-    def __init__(self, dataset, workers, slots, slot_bytes, name):
-        main = sys.modules.get("__main__")
-        if type(dataset).__module__ == "__main__" and not hasattr(main, "__file__"):
-            raise TypeError(
-                f"{name} is defined in an interactive session (a notebook or REPL), which FastLoader's worker "
-                "processes cannot import. Move the class into a .py module and import it, or pass "
-                "use_multiprocessing=False to use threads.")
+    def __init__(self, dataset, workers, slots, slot_bytes, name, seed=0, timeout=None):
         try:
-            payload = pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = dumps(dataset)
         except Exception as e:  # noqa: BLE001 - pickling can raise almost anything
             raise TypeError(
                 f"FastLoader(use_multiprocessing=True) must send {name} to worker processes, but it cannot be "
-                f"pickled ({type(e).__name__}: {e}). Define the class at module level and keep open files or "
-                "locks out of its state, or pass use_multiprocessing=False to use threads."
+                f"pickled ({type(e).__name__}: {e}). Keep open files, locks and sockets out of its state "
+                "(open them lazily in __getitem__), or pass use_multiprocessing=False to use threads."
             ) from e
-        self._shm = _Segment(create=True, size=slots * slot_bytes) if slot_bytes else None
-        ring = (self._shm.name, slot_bytes) if self._shm else None
-        # One ctypes object per slot: every array handed out from a slot, and every view of it, keeps a
-        # reference to that object, so its reference count says whether anyone still uses the slot.
-        self._slots = [(ctypes.c_char * slot_bytes).from_buffer(self._shm.buf, i * slot_bytes)
-                       for i in range(slots)] if self._shm else []
-        self._busy = {}  # seq -> slot, for tasks in flight
+        self._slots, self._timeout = slots, timeout
+        self._state = {"rings": []}
+        self._ring = self._make_ring(slot_bytes)
+        ring = (self._ring.name, self._ring.slot_bytes) if self._ring else (None, 0)
+        self._busy = {}  # seq -> (ring, slot) for tasks in flight that were lent a slot
         ctx = _context(dataset)
-        self._processes, self._conns = [], []
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._shm, self._slots)
+        self._processes, self._conns, self._stacks = [], [], []
+        lifeline_read, self._state["lifeline"] = ctx.Pipe(duplex=False)
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._state)
         for i in range(workers):
             parent_end, child_end = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_worker.run, args=(child_end, payload, ring), name=f"kfast-loader-{i}",
-                            daemon=True)
-            with _main_hidden(needed=b"__main__" in payload):
+            stack_read, stack_write = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker.run, name=f"kfast-loader-{i}", daemon=True,
+                            args=(child_end, lifeline_read, stack_write, payload, ring, seed, i))
+            with _main_hidden():
                 p.start()
             child_end.close()  # so a dead worker reads as EOF here, not as silence
+            stack_write.close()
             self._processes.append(p)
             self._conns.append(parent_end)
+            self._stacks.append(stack_read)
+        lifeline_read.close()
         self._pending = [dict() for _ in range(workers)]  # per worker: seq -> index
         self._replies = {}
         self._started = [False] * workers
+        self.shm_batches = self.pickled_batches = 0
 
-    def _free_slot(self):
-        """A slot with no task in flight and no batch anyone holds, or -1 (the batch then travels pickled)."""
-        taken = set(self._busy.values())
-        for i in range(len(self._slots)):
-            # Two references: the list and getrefcount's argument. Nobody else can then make a new one.
-            if i not in taken and sys.getrefcount(self._slots[i]) == 2:
-                return i
-        return -1
+    def _make_ring(self, slot_bytes):
+        """A ring of `self._slots` slots that fits `/dev/shm`, fewer slots when it must, or None."""
+        if not slot_bytes:
+            return None
+        free = _ring.free_bytes()
+        slots = min(self._slots, int(free * 0.9) // slot_bytes)
+        while slots >= 2:
+            try:
+                ring = _ring.Ring(slots, slot_bytes)
+            except OSError:
+                slots //= 2
+                continue
+            self._state["rings"].append(ring)
+            if slots < self._slots:
+                _warn_shm(f"holds {slots} of the {self._slots} batch slots FastLoader wanted", slot_bytes)
+            return ring
+        _warn_shm("cannot hold two batches, so batches travel pickled (slower)", slot_bytes)
+        return None
+
+    def _grow(self, nbytes):
+        """Replaces the ring by one whose slots hold `nbytes`; the old one lives on for its batches."""
+        old = self._ring
+        self._ring = self._make_ring(-(-nbytes // 4096) * 4096)
+        message = ("ring", self._ring.name, self._ring.slot_bytes) if self._ring else ("ring", None, 0)
+        for conn in self._conns:
+            conn.send(message)
+        if old is not None:
+            old.unlink()  # tasks in flight still write into it, and handed-out batches keep their mappings
 
     def submit(self, seq, index, epoch):
         w = min(range(len(self._pending)), key=lambda i: len(self._pending[i]))
         self._pending[w][seq] = index
-        slot = self._free_slot()
+        slot = self._ring.acquire() if self._ring else -1
         if slot >= 0:
-            self._busy[seq] = slot
+            self._busy[seq] = (self._ring, slot)
         self._conns[w].send(("task", seq, index, epoch, slot))
 
     def update_dataset(self, dataset):
-        payload = pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = dumps(dataset)
         for conn in self._conns:
             conn.send(("dataset", payload))
 
+    def _describe(self, seq):
+        for w, pending in enumerate(self._pending):
+            if seq in pending:
+                pid = self._processes[w].pid
+                return (f"batch index {pending[seq]} from worker {w} (pid {pid}); its stack:\n"
+                        f"{read_stack(pid, self._stacks[w])}\n")
+        return f"batch {seq}."
+
     def result(self, seq):
+        waiter = Waiter(self._timeout, lambda: self._describe(seq))
         while seq not in self._replies:
             sentinels = {p.sentinel: i for i, p in enumerate(self._processes)}
-            ready = connection.wait(self._conns + list(sentinels), timeout=5.0)
+            ready = connection.wait(self._conns + list(sentinels), timeout=_POLL_S)
             for obj in ready:
                 if obj in sentinels:
                     continue  # handled below, after draining what the worker managed to send
@@ -180,6 +259,7 @@ class ProcessPool:
             for obj in ready:
                 if obj in sentinels:
                     self._raise_dead(sentinels[obj])
+            waiter.check()
         return self._decode(self._replies.pop(seq))
 
     def _raise_dead(self, w):
@@ -192,22 +272,25 @@ class ProcessPool:
         hint = ("Out of memory is the usual cause of a kill (check `dmesg`); a dataset that calls os._exit or "
                 "crashes in native code is another.")
         if code == 1 and not self._started[w]:
-            hint = ("It failed while starting; its traceback is above. Workers start from a clean interpreter that "
-                    "imports your script's module: guard the script's entry point with "
-                    "`if __name__ == \"__main__\":`, or pass use_multiprocessing=False.")
+            hint = ("It failed while starting; its traceback is above (often: the dataset's module cannot be "
+                    "imported in a fresh interpreter). Pass use_multiprocessing=False to use threads instead.")
         raise WorkerError(f"FastLoader worker {w} (pid {p.pid}) {how}{where}. {hint}")
 
     def _decode(self, reply):
         kind = reply[0]
-        slot = self._busy.pop(reply[1], -1)
+        ring, slot = self._busy.pop(reply[1], (None, -1))
         if kind == "shm":
             _, seq, spec, layout = reply
-            # No copy: the arrays are views of the slot, which stays reserved while any of them lives.
-            leaves = [np.frombuffer(self._slots[slot], dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
-                      for dtype, shape, offset in layout]
-            return structure.unflatten(spec, leaves)
+            self.shm_batches += 1
+            return structure.unflatten(spec, ring.export(slot, layout))
+        if ring is not None:
+            ring.give_back(slot)
         if kind == "pickle":
-            return reply[2]
+            _, _, batch, wanted = reply
+            self.pickled_batches += 1
+            if wanted and (self._ring is None or wanted > self._ring.slot_bytes) and wanted * 2 <= _ring.free_bytes():
+                self._grow(wanted)  # a bigger batch than any before: later ones fit again
+            return batch
         _, _, index, text = reply
         raise WorkerError(f"FastLoader worker failed on batch index {index}; its traceback:\n{text}")
 
@@ -215,28 +298,15 @@ class ProcessPool:
         self._finalizer()
 
 
-class ThreadPool:
-    """`workers` threads sharing the dataset; best when `__getitem__` releases the GIL (numpy, I/O)."""
+_warned_shm = set()
 
-    def __init__(self, dataset, workers):
-        self._dataset = dataset
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="kfast-loader")
-        self._futures = {}
-        self._finalizer = weakref.finalize(self, self._executor.shutdown, wait=True, cancel_futures=True)
 
-    def submit(self, seq, index, epoch):
-        self._futures[seq] = (index, self._executor.submit(self._dataset.__getitem__, index))
-
-    def update_dataset(self, dataset):
-        self._dataset = dataset
-
-    def result(self, seq):
-        index, future = self._futures.pop(seq)
-        try:
-            return future.result()
-        except Exception as e:  # noqa: BLE001 - re-raised with the batch index, original chained
-            raise WorkerError(f"FastLoader worker thread failed on batch index {index}: "
-                              f"{type(e).__name__}: {e}") from e
-
-    def close(self):
-        self._finalizer()
+def _warn_shm(what, slot_bytes):
+    free = _ring.free_bytes()
+    key = (what.split()[0], slot_bytes)
+    if key in _warned_shm:
+        return
+    _warned_shm.add(key)
+    warnings.warn(f"{_ring.SHM_DIR} has {free / 2**20:.1f} MiB free and {what} of {slot_bytes / 2**20:.1f} MiB "
+                  f"each. Give it more room (Docker: `docker run --shm-size=2g ...`; Kubernetes: an emptyDir with "
+                  "medium Memory on /dev/shm), or lower max_queue_size.", stacklevel=5)

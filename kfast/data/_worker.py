@@ -1,36 +1,81 @@
-"""The loop a FastLoader worker process runs.
+"""The loop a FastLoader worker process runs. It imports numpy and kfast's data structure helpers only.
 
 A worker owns one end of a duplex pipe. It receives `("task", seq, index, epoch, slot)`,
-`("dataset", payload)` (a new pickled dataset after the parent ran `on_epoch_end`) or `None` (stop). For each task it sends back one of:
-    ("shm", seq, spec, layout)    the batch's arrays were written into shared-memory slot `slot`
-    ("pickle", seq, batch)        the batch itself (not plain numeric arrays, too large for a slot, or
-                                  slot -1: every slot is still held by batches in use)
-    ("error", seq, index, text)   the dataset raised; `text` is the worker's formatted traceback
+`("dataset", payload)` (a new pickled dataset after the parent ran an epoch hook), `("ring", name,
+slot_bytes)` (write into this segment from now on; name None: no ring) or `None` (stop). For each task
+it sends back one of:
+    ("shm", seq, spec, layout)         the batch's arrays were written into shared-memory slot `slot`
+    ("pickle", seq, batch, nbytes)     the batch itself: not plain numeric arrays (nbytes 0), or no slot
+                                       was free or big enough (nbytes: the slot size it would need)
+    ("error", seq, index, text)        the dataset raised; `text` is the worker's formatted traceback
+
+On SIGUSR1 it writes its Python stack to `stack_conn` (faulthandler, which works even while the
+dataset's code is stuck), so the loader can say where a slow batch is.
 """
 
+import faulthandler
 import os
 import pickle
+import random
 import signal
+import threading
 import traceback
 
 import numpy as np
 
 from kfast.data import structure
 
+def _watch_parent(lifeline):
+    # The training process holds the only write end of `lifeline` and never writes: end of file means it
+    # is gone, however it died. Exit then, even while the dataset's code is stuck: a worker that lived on
+    # would also keep the fork server (and its temporary directory) alive.
+    try:
+        lifeline.recv()
+    except (EOFError, OSError):
+        pass
+    os._exit(0)
+
+
+def seed_worker(seed, worker_id, epoch):
+    """Seeds `random` and numpy's global generator from (loader seed, worker id, epoch), as PyTorch's
+    DataLoader seeds its workers: each worker, epoch and restart draws its own reproducible stream."""
+    state = np.random.SeedSequence([seed, worker_id, epoch]).generate_state(4)
+    np.random.seed(state)
+    random.seed(int.from_bytes(state.tobytes(), "little"))
+
 
 def _attach(name):
     from multiprocessing import shared_memory
 
+    if name is None:
+        return None
     # Workers share the parent's resource tracker, so attaching adds no second owner: the parent
     # unlinks the segment on close, and the tracker does if the parent dies.
     return shared_memory.SharedMemory(name=name)
 
 
-def run(conn, dataset_payload, ring):
+def _load(dataset, index, shm, slot, slot_bytes):
+    batch = dataset[index]
+    spec, leaves = structure.flatten(batch)
+    layout, nbytes = structure.shm_layout(leaves)
+    if layout is None or shm is None:
+        return ("pickle", None, batch, 0)
+    if nbytes > slot_bytes or slot < 0:
+        return ("pickle", None, batch, nbytes)
+    base = slot * slot_bytes
+    for leaf, (dtype, shape, offset) in zip(leaves, layout):
+        dst = np.ndarray(shape, dtype, buffer=shm.buf, offset=base + offset)
+        np.copyto(dst, leaf, casting="no")
+    return ("shm", None, spec, layout)
+
+
+def run(conn, lifeline, stack_conn, dataset_payload, ring, seed, worker_id):
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(lifeline,), name="kfast-lifeline", daemon=True).start()
+    faulthandler.register(signal.SIGUSR1, file=stack_conn.fileno(), all_threads=False)
     dataset = pickle.loads(dataset_payload)
-    shm, slot_bytes = (_attach(ring[0]), ring[1]) if ring else (None, 0)
+    shm, slot_bytes = _attach(ring[0]), ring[1]
     epoch = None
     try:
         while True:
@@ -44,22 +89,20 @@ def run(conn, dataset_payload, ring):
             if kind == "dataset":
                 dataset = pickle.loads(message[1])
                 continue
+            if kind == "ring":
+                if shm is not None:
+                    shm.close()
+                shm, slot_bytes = _attach(message[1]), message[2]
+                continue
             _, seq, index, task_epoch, slot = message
             try:
-                if task_epoch != epoch and hasattr(dataset, "set_epoch"):
-                    dataset.set_epoch(task_epoch)
+                if task_epoch != epoch:
+                    seed_worker(seed, worker_id, task_epoch)
+                    if hasattr(dataset, "set_epoch"):
+                        dataset.set_epoch(task_epoch)
                 epoch = task_epoch
-                batch = dataset[index]
-                spec, leaves = structure.flatten(batch)
-                layout, nbytes = structure.shm_layout(leaves) if shm is not None else (None, 0)
-                if layout is not None and nbytes <= slot_bytes and slot >= 0:
-                    base = slot * slot_bytes
-                    for leaf, (dtype, shape, offset) in zip(leaves, layout):
-                        dst = np.ndarray(shape, dtype, buffer=shm.buf, offset=base + offset)
-                        np.copyto(dst, leaf, casting="no")
-                    reply = ("shm", seq, spec, layout)
-                else:
-                    reply = ("pickle", seq, batch)
+                reply = _load(dataset, index, shm, slot, slot_bytes)
+                reply = (reply[0], seq) + reply[2:]
             except Exception:  # noqa: BLE001 - every dataset error goes back to the parent
                 reply = ("error", seq, index, f"worker pid {os.getpid()}:\n{traceback.format_exc()}")
             try:

@@ -1,14 +1,20 @@
 """FastLoader: a PyDataset that loads batches in parallel worker processes or threads."""
 
+import math
 import os
 import threading
 import time
+import warnings
 
 import keras
 import numpy as np
+import psutil
 
 from kfast import distributed
+from kfast.data import _interrupt
 from kfast.data import _pool
+from kfast.data import _signals
+from kfast.data import _threads
 from kfast.data import structure
 from kfast.data._pool import WorkerError
 from kfast.data.shard import ShardedDataset
@@ -16,9 +22,38 @@ from kfast.data.shard import ShardedDataset
 __all__ = ["FastLoader", "WorkerError"]
 
 
+_MAX_TASKS_PER_WORKER = 128
+
+
+def _cores():
+    return len(os.sched_getaffinity(0))
+
+
 def default_workers():
     """One worker per usable CPU core (at most 16)."""
-    return max(1, min(16, len(os.sched_getaffinity(0))))
+    return max(1, min(16, _cores()))
+
+
+def _length(dataset):
+    """Batches per epoch: `len(dataset)`, or a Keras PyDataset's finite `num_batches`."""
+    if hasattr(dataset, "__len__"):
+        return len(dataset)
+    n = getattr(dataset, "num_batches", None)
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    raise TypeError(
+        f"FastLoader needs to know how many batches {type(dataset).__name__} has per epoch: give it __len__ "
+        f"(or a PyDataset's num_batches property returning an int); got num_batches={n!r}. Infinite datasets "
+        "are not supported.")
+
+
+def _capped_workers(workers):
+    most = 4 * _cores()
+    if workers is not None and not isinstance(workers, bool) and isinstance(workers, int) and workers > most:
+        warnings.warn(f"FastLoader got workers={workers}, more than 4 per usable CPU core ({_cores()} cores); "
+                      f"using {most}. More workers than that only compete for the same cores.", stacklevel=3)
+        return most
+    return workers
 
 
 def _positive_int_or_none(name, value, fix):
@@ -45,12 +80,30 @@ class FastLoader(keras.utils.PyDataset):
     Under Horovod (after `kfast.distributed.init()`), each rank loads only its own shard of the batches,
     the same number on every rank (`kfast.data.shard`, mode "drop"); shard yourself to choose "pad".
 
+    A worker's exception is raised here with the batch index and the worker's traceback. With `timeout`,
+    a batch that takes longer raises an error naming the batch index, the worker's pid and its current
+    Python stack; without it, a warning with the same facts comes after a minute of waiting, and again
+    each minute. Ctrl-C interrupts a wait within a fraction of a second, even inside `fit`.
+
+    Worker processes seed `random` and numpy's global generator from (seed, worker id, epoch), as
+    PyTorch's DataLoader does, so no two workers (or restarts) repeat each other's random draws. The
+    dataset may be defined anywhere, a notebook cell or the script itself included: a class that cannot
+    be imported by name travels by value (cloudpickle). Batches travel through `/dev/shm`; when it is too
+    small for the ring of batches (Docker's default is 64 MB) the ring shrinks, or batches are pickled,
+    with a warning that says how to make room.
+
     Order: batches come in index order, or in a new seeded permutation each epoch with `shuffle=True`,
     every index exactly once per epoch. Inside `model.fit` the loader serves its own order:
     Keras's `fit(shuffle=...)` does not reorder a FastLoader, pass `shuffle=True` here instead.
-    Between epochs the loader calls the dataset's `on_epoch_end()` (and sends the updated dataset to
-    the workers), or `set_epoch(epoch)` in every worker when the dataset defines it (cheaper: nothing is
-    re-sent). Memory in flight is bounded by `max_queue_size` batches.
+    Each `fit`/`evaluate`/`predict` epoch starts at an epoch boundary of the loader, whatever was consumed
+    before (say, by `kfast.diagnose`). The loader calls the dataset's `on_epoch_begin()` and
+    `on_epoch_end()` in order (and sends the updated dataset to the workers), or `set_epoch(epoch)` in
+    every worker when the dataset defines it (cheaper: nothing is re-sent). Memory in flight is bounded
+    by `max_queue_size` batches.
+
+    Keras's own `workers`, `use_multiprocessing` and `max_queue_size` attributes of this PyDataset stay at
+    1, False and 1, since Keras would otherwise run the loader inside a pool of its own; the real settings
+    are in `settings`.
 
     Args:
         dataset: the dataset to load from.
@@ -59,7 +112,10 @@ class FastLoader(keras.utils.PyDataset):
         max_queue_size: batches loaded ahead of the training loop. Defaults to `None`: twice the
             workers, at least 4.
         shuffle: a new batch order every epoch. Defaults to `False`.
-        seed: seed of that order. Defaults to `None` (random).
+        seed: seed of that order and of the workers' random generators, an int >= 0. Defaults to `None`
+            (random).
+        timeout: seconds to wait for one batch before raising `WorkerError`. Defaults to `None` (wait,
+            warning every minute).
 
     Raises:
         TypeError: when `dataset` lacks `__len__`/`__getitem__` or cannot be sent to processes.
@@ -67,17 +123,19 @@ class FastLoader(keras.utils.PyDataset):
 
     Example:
 
-    >>> data = kfast.data.ArrayDataset(x, y, batch_size=64)  # doctest: +SKIP
-    >>> with kfast.data.FastLoader(data, workers=2) as loader:  # doctest: +SKIP
-    ...     model.fit(loader, epochs=3)
+    >>> import numpy as np, kfast
+    >>> data = kfast.data.ArrayDataset(np.arange(12.0).reshape(6, 2), np.arange(6), batch_size=2)
+    >>> with kfast.data.FastLoader(data, workers=2, use_multiprocessing=False) as loader:
+    ...     [y.tolist() for x, y in loader]
+    [[0, 1], [2, 3], [4, 5]]
     """
 
     def __init__(self, dataset, *, workers=None, use_multiprocessing=True, max_queue_size=None,
-                 shuffle=False, seed=None):
+                 shuffle=False, seed=None, timeout=None):
         # Keras must see a plain single-worker PyDataset, or it would wrap this loader in its own pool;
         # hence kfast's own settings live under other attribute names than PyDataset's.
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
-        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        if not (hasattr(dataset, "__getitem__") and (hasattr(dataset, "__len__") or hasattr(dataset, "num_batches"))):
             raise TypeError(
                 f"FastLoader needs a dataset with __len__ and __getitem__(index) -> batch (a "
                 f"keras.utils.PyDataset, a Keras Sequence or your own class); got {type(dataset).__name__}. "
@@ -86,14 +144,24 @@ class FastLoader(keras.utils.PyDataset):
         _positive_int_or_none("max_queue_size", max_queue_size, "None picks twice the workers")
         if not isinstance(use_multiprocessing, bool):
             raise ValueError(f"FastLoader got use_multiprocessing={use_multiprocessing!r}; pass True or False.")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"FastLoader got seed={seed!r}; it must be an int >= 0, or None for a random seed.")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not math.isfinite(timeout) or timeout <= 0):
+            raise ValueError(f"FastLoader got timeout={timeout!r}; it must be a number of seconds > 0, or None "
+                             "to wait (with a warning every minute).")
+        workers = _capped_workers(workers)
         if distributed.is_initialized() and distributed.size() > 1 and not isinstance(dataset, ShardedDataset):
             dataset = ShardedDataset(dataset, distributed.rank(), distributed.size())
         self.dataset = dataset
-        self._n = len(dataset)
+        self._n = _length(dataset)
         if self._n < 1:
             raise ValueError(f"FastLoader got a dataset of length {self._n}; it needs at least one batch.")
         self.shuffle = bool(shuffle)
-        self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
+        self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else int(seed)
+        self.timeout = timeout
+        _interrupt.install()
+        _signals.watch(self)
         self._num_workers = workers or default_workers()
         self._processes = use_multiprocessing
         self._queue_size = max_queue_size
@@ -116,6 +184,12 @@ class FastLoader(keras.utils.PyDataset):
                 "max_queue_size": self._window}
 
     @property
+    def _in_flight(self):
+        # Tasks wait in each worker's pipe: past a few hundred, the pipe fills while the worker blocks
+        # sending a batch back, and both sides wait for ever. Deeper queues buy nothing more anyway.
+        return min(self._window, _MAX_TASKS_PER_WORKER * self._num_workers)
+
+    @property
     def _window(self):
         return self._queue_size or max(4, 2 * self._num_workers)
 
@@ -123,6 +197,7 @@ class FastLoader(keras.utils.PyDataset):
         """Changes settings; the workers restart on the next batch. Arguments left `None` stay as they are."""
         _positive_int_or_none("workers", workers, "the number of workers")
         _positive_int_or_none("max_queue_size", max_queue_size, "the number of batches ahead")
+        workers = _capped_workers(workers)
         self.close()
         self._num_workers = workers or self._num_workers
         self._processes = self._processes if use_multiprocessing is None else use_multiprocessing
@@ -143,16 +218,29 @@ class FastLoader(keras.utils.PyDataset):
 
     def _start(self):
         first = self.dataset[self._index(0, 0)]
-        self._signature = structure.signature(first)
+        if self._signature is None:
+            self._signature = structure.signature(first)
+        _, leaves = structure.flatten(first)
+        layout, nbytes = structure.shm_layout(leaves)
+        self._check_memory(nbytes or sum(np.asarray(leaf).nbytes for leaf in leaves))
         if self._processes:
-            _, leaves = structure.flatten(first)
-            layout, nbytes = structure.shm_layout(leaves)
-            slot_bytes = nbytes if layout is not None else 0
-            # Two slots more than the queue: the batches just handed out are usually still in use.
-            self._pool = _pool.ProcessPool(self.dataset, self._num_workers, self._window + 2, slot_bytes,
-                                           type(self.dataset).__name__)
+            # Two slots more than the queue: the batches just handed out are usually still in use. A later
+            # batch larger than this first one grows the slots.
+            self._pool = _pool.ProcessPool(self.dataset, self._num_workers, self._in_flight + 2,
+                                           nbytes if layout is not None else 0, type(self.dataset).__name__,
+                                           seed=self.seed, timeout=self.timeout)
         else:
-            self._pool = _pool.ThreadPool(self.dataset, self._num_workers)
+            self._pool = _threads.ThreadPool(self.dataset, self._num_workers, timeout=self.timeout)
+
+    def _check_memory(self, batch_bytes):
+        need = (self._window + 2) * batch_bytes
+        available = psutil.virtual_memory().available
+        if need > available // 2:
+            raise ValueError(
+                f"FastLoader got max_queue_size={self._window}: {self._window + 2} batches of "
+                f"{batch_bytes / 2**20:.1f} MiB in flight need {need / 2**30:.2f} GiB, more than half the "
+                f"{available / 2**30:.1f} GiB of memory available. Lower max_queue_size (the default, twice "
+                "the workers, is usually enough).")
 
     def _boundary_needs_drain(self):
         # Processes hold their own copies: set_epoch runs in each, in task order, with no pause.
@@ -170,7 +258,7 @@ class FastLoader(keras.utils.PyDataset):
         self._dataset_epoch = epoch
 
     def _fill(self):
-        while self._dispatched - self._consumed < self._window:
+        while self._dispatched - self._consumed < self._in_flight:
             epoch, position = divmod(self._dispatched, self._n)
             if epoch > self._dataset_epoch:
                 if self._boundary_needs_drain() and self._dispatched != self._consumed:
@@ -224,6 +312,14 @@ class FastLoader(keras.utils.PyDataset):
         return self.dataset[self._index(self._consumed // self._n, index % self._n)]
 
     def on_epoch_begin(self):
+        if self._consumed % self._n:
+            # Something consumed part of an epoch outside Keras's loop (diagnose, a partial iteration):
+            # Keras's epoch starts a whole one, so no batch is repeated or missing in it.
+            self.skip_to_next_epoch()
+        if _overrides(self.dataset, "on_epoch_begin"):
+            self.dataset.on_epoch_begin()
+            if self._pool is not None and self._processes:
+                self._pool.update_dataset(self.dataset)
         self._armed = True
 
     def on_epoch_end(self):

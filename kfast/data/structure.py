@@ -15,7 +15,8 @@ def flatten(batch):
 # the leaves alive until the garbage collector runs, and the loader reuses arrays nobody references.
 def _walk(node, leaves):
     if isinstance(node, dict):
-        return ("dict", tuple((key, _walk(node[key], leaves)) for key in node))
+        # Keys in a fixed order: Keras matches dict batches by key, so insertion order must not matter.
+        return ("dict", tuple((key, _walk(node[key], leaves)) for key in sorted(node, key=str)))
     if isinstance(node, (tuple, list)):
         return ("list" if isinstance(node, list) else "tuple", tuple(_walk(n, leaves) for n in node))
     leaves.append(node)

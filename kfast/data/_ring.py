@@ -1,0 +1,121 @@
+"""The shared-memory ring behind FastLoader's worker processes: equal slots in one `/dev/shm` segment.
+
+Ownership. The loader creates and unlinks the segment; workers attach to it by name and only write.
+A slot is lent to one task at a time (`acquire`). When its batch comes back, `export` hands out the
+leaves as views of one fresh per-batch array (the "export"); a weak reference to that export returns
+the slot to the free list when the last leaf or view of it is gone, so a batch the user still holds is
+never overwritten. Nothing here depends on reference counts.
+
+Room. `/dev/shm` is a size-limited tmpfs (64 MB in Docker by default). A segment is created sparse, and
+writing a page tmpfs cannot supply kills the writer with SIGBUS, so `create` reserves every page up
+front with `posix_fallocate`, which fails cleanly (ENOSPC) instead; callers then shrink the ring or
+send batches pickled.
+"""
+
+import collections
+import errno
+import os
+import weakref
+from multiprocessing import shared_memory
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+
+
+class Segment(shared_memory.SharedMemory):
+    """A shared-memory segment that batches may outlive: it stays mapped until their last view is freed."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except BufferError:
+            pass  # batches still use the mapping; the memory goes when the last of them is freed
+
+    def release(self):
+        """Unlinks the segment (its name); the memory lives on while batches or workers map it."""
+        try:
+            self.close()
+        except BufferError:
+            pass
+        try:
+            self.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def free_bytes(path=SHM_DIR):
+    """Bytes free for unprivileged use under `path` (0 when it cannot be read)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _reserve(segment, nbytes):
+    fd = os.open(os.path.join(SHM_DIR, segment.name.lstrip("/")), os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    finally:
+        os.close(fd)
+
+
+class Ring:
+    """`slots` slots of `slot_bytes` each in one shared-memory segment.
+
+    Raises:
+        OSError: with errno ENOSPC when `/dev/shm` cannot hold the whole ring.
+    """
+
+    def __init__(self, slots, slot_bytes):
+        self.slots, self.slot_bytes = slots, slot_bytes
+        self.segment = Segment(create=True, size=slots * slot_bytes)
+        try:
+            _reserve(self.segment, slots * slot_bytes)
+        except OSError as e:
+            self.segment.release()
+            if e.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                raise OSError(errno.ENOSPC, "no room in /dev/shm") from e
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without fallocate: carry on
+                raise
+            self.segment = Segment(create=True, size=slots * slot_bytes)
+        self.name = self.segment.name
+        self._free = collections.deque(range(slots))  # appended to by weakref callbacks, any thread
+        self._exports = {}  # slot -> weak reference to the batch's export array
+
+    def acquire(self):
+        """A free slot's index, or -1 when every slot is lent or held by live batches."""
+        try:
+            return self._free.popleft()
+        except IndexError:
+            return -1
+
+    def give_back(self, slot):
+        """Returns a slot whose task sent nothing through it (an error, or a pickled batch)."""
+        self._free.append(slot)
+
+    def export(self, slot, layout):
+        """Leaves of the batch written into `slot`, as views of one per-batch array (no copy)."""
+        start = slot * self.slot_bytes
+        holder = np.frombuffer(self.segment.buf, np.uint8, count=self.slot_bytes, offset=start)
+        free = self._free
+        self._exports[slot] = weakref.ref(holder, lambda _, slot=slot: free.append(slot))
+        leaves = []
+        for dtype, shape, offset in layout:
+            dtype = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            leaves.append(holder[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape))
+        return leaves
+
+    def unlink(self):
+        """Removes the segment's name; workers and batches that map it keep using it until they are done."""
+        try:
+            self.segment.unlink()
+        except FileNotFoundError:
+            pass
+
+    def release(self):
+        """Unlinks the segment and unmaps it here; batches handed out stay valid until they are freed."""
+        self._exports.clear()
+        self.segment.release()

@@ -1,0 +1,72 @@
+"""SIGTERM and SIGHUP free FastLoader's shared memory and fork-server directory, as a normal exit does.
+
+horovodrun stops the ranks it keeps, when another one fails, with SIGTERM (and SIGKILL 5 s later); a
+closed terminal or ssh session sends SIGHUP. Python's default for both is to die on the spot without
+running any finalizer: the loader's shared-memory segments are left to multiprocessing's resource
+tracker (which warns about "leaked shared_memory objects") and multiprocessing's temporary directory
+(`/tmp/pymp-*`, where the fork server listens) stays behind.
+
+`watch(loader)`, called by every new FastLoader, installs once, and only from the main thread, a handler
+for each of the two signals whose disposition is still the default. The handler closes every live loader
+that uses processes (workers stopped, segments unlinked), removes multiprocessing's temporary directory,
+and then dies of the same signal by its default action, so the exit status still says "terminated by
+SIGTERM" (143 in a shell). A handler of the user's own, or SIG_IGN (`nohup`), is left alone. Further
+signals are ignored while the clean-up runs; it is bounded by the loaders' own shutdown (about a second).
+
+Python runs signal handlers in the main thread between bytecodes: when the main thread waits inside a
+TensorFlow op, the clean-up starts as the op returns (Keras comes back to Python after every step).
+"""
+
+import multiprocessing.util
+import os
+import shutil
+import signal
+import threading
+import weakref
+
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+_loaders = weakref.WeakSet()
+_lock = threading.Lock()
+_installed = False
+
+
+def watch(loader):
+    """Has SIGTERM and SIGHUP close `loader` (kept by a weak reference) before the process dies."""
+    global _installed
+    with _lock:
+        _loaders.add(loader)
+        if _installed or threading.current_thread() is not threading.main_thread():
+            return
+        _installed = True
+        for signum in SIGNALS:
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, _handle)
+
+
+def _handle(signum, frame):
+    for s in SIGNALS:
+        if signal.getsignal(s) is _handle:
+            signal.signal(s, signal.SIG_IGN)
+    try:
+        _clean_up()
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+        os._exit(128 + signum)  # only reached if the signal is blocked in this thread
+
+
+def _clean_up():
+    used_processes = False
+    for loader in list(_loaders):
+        try:
+            if loader.settings["use_multiprocessing"]:
+                used_processes = True
+                loader.close()
+        except Exception:  # noqa: BLE001 - the process is going; free what can be freed
+            pass
+    if used_processes:
+        # The fork server's directory: what multiprocessing removes at a normal exit.
+        temp_dir = multiprocessing.util.get_temp_dir()
+        if os.path.basename(temp_dir).startswith("pymp-"):
+            shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,0 +1,96 @@
+"""FastLoader's worker threads: best when `__getitem__` releases the GIL (numpy, decoding, I/O).
+
+Plain daemon threads rather than a ThreadPoolExecutor: the executor's threads are joined at interpreter
+exit, so one `__getitem__` that never returns would keep Python from exiting. `close()` waits a moment
+for running tasks, then abandons a stuck thread (and says so); a daemon thread does not block exit.
+"""
+
+import queue
+import sys
+import threading
+import time
+import traceback
+import warnings
+from concurrent import futures
+from concurrent.futures import Future
+
+from kfast.data._pool import _POLL_S
+from kfast.data._pool import Waiter
+from kfast.data._pool import WorkerError
+
+_CLOSE_WAIT_S = 2.0
+
+
+def _run(tasks, running):
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        future, fn, index = task
+        if not future.set_running_or_notify_cancel():
+            continue
+        running[threading.get_ident()] = index
+        try:
+            future.set_result(fn(index))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+            future.set_exception(e)
+        finally:
+            running.pop(threading.get_ident(), None)
+
+
+class ThreadPool:
+    """`workers` daemon threads sharing the dataset."""
+
+    def __init__(self, dataset, workers, timeout=None):
+        self._dataset, self._timeout = dataset, timeout
+        self._tasks = queue.SimpleQueue()
+        self._running = {}  # thread ident -> batch index it is loading
+        self._threads = [threading.Thread(target=_run, args=(self._tasks, self._running), daemon=True,
+                                          name=f"kfast-loader-{i}") for i in range(workers)]
+        for t in self._threads:
+            t.start()
+        self._futures = {}
+
+    def submit(self, seq, index, epoch):
+        future = Future()
+        self._futures[seq] = (index, future)
+        self._tasks.put((future, self._dataset.__getitem__, index))
+
+    def update_dataset(self, dataset):
+        self._dataset = dataset
+
+    def _describe(self, index):
+        frames = sys._current_frames()
+        for ident, busy in list(self._running.items()):
+            if busy == index and ident in frames:
+                stack = "".join(traceback.format_stack(frames[ident]))
+                return f"batch index {index} from a worker thread; its stack:\n{stack}"
+        return f"batch index {index} (waiting for a free worker thread)."
+
+    def result(self, seq):
+        index, future = self._futures.pop(seq)
+        waiter = Waiter(self._timeout, lambda: self._describe(index))
+        while True:
+            try:
+                return future.result(timeout=_POLL_S)
+            except futures.TimeoutError:
+                waiter.check()
+            except Exception as e:  # noqa: BLE001 - re-raised with the batch index, original chained
+                raise WorkerError(f"FastLoader worker thread failed on batch index {index}: "
+                                  f"{type(e).__name__}: {e}") from e
+
+    def close(self):
+        for _, future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
+        for _ in self._threads:
+            self._tasks.put(None)
+        deadline = time.monotonic() + _CLOSE_WAIT_S
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        if stuck:
+            warnings.warn(f"FastLoader left {len(stuck)} worker thread(s) still inside the dataset's __getitem__ "
+                          f"after {_CLOSE_WAIT_S:g} s ({', '.join(stuck)}); they are abandoned and will not "
+                          "delay exit.", stacklevel=3)
+        self._threads = []

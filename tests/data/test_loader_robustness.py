@@ -1,0 +1,340 @@
+"""FastLoader where users are: datasets from anywhere, stuck batches, signals, small /dev/shm, epochs."""
+
+import glob
+from contextlib import nullcontext
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import keras
+import numpy as np
+import psutil
+import pytest
+
+import datasets
+import kfast
+from helpers import REPO
+from kfast.data import FastLoader
+from kfast.data import WorkerError
+from kfast.data import _pool
+
+MODES = [pytest.param(True, id="processes"), pytest.param(False, id="threads")]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+PRELUDE = f"import os, sys, time\nsys.path.insert(0, {os.path.join(REPO, 'tests')!r})\nimport datasets\n"
+
+
+def _ids(batches):
+    return [int(np.asarray(x)[0, 0]) for x, *_ in batches]
+
+
+def _shm_segments():
+    return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}
+
+
+def _pymp_dirs():
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "pymp-*")))
+
+
+def _wait_for(path, proc, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+# -- any dataset, any place --------------------------------------------------------------------------
+
+def test_dataset_defined_on_stdin_works_in_worker_processes(tmp_path):
+    code = textwrap.dedent("""
+        import numpy as np
+        from kfast.data import FastLoader
+
+        class Doubles:  # lives in __main__, read from stdin: no module can import it by name
+            def __len__(self):
+                return 5
+
+            def __getitem__(self, i):
+                return np.full((2, 2), 2 * i, "int64")
+
+        with FastLoader(Doubles(), workers=2, use_multiprocessing=True) as loader:
+            print([int(b[0, 0]) for b in loader], loader._pool.shm_batches)
+    """)
+    proc = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0, 2, 4, 6, 8] 5"
+
+
+# -- never hang silently -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("use_multiprocessing", MODES)
+def test_timeout_names_the_batch_the_worker_and_where_it_is_stuck(use_multiprocessing):
+    loader = FastLoader(datasets.Stuck(n=6, stuck=2), workers=2, use_multiprocessing=use_multiprocessing,
+                        timeout=1.5)
+    start = time.monotonic()
+    abandoned = pytest.warns(UserWarning, match="abandoned") if not use_multiprocessing else nullcontext()
+    with pytest.raises(WorkerError) as caught, abandoned:  # threads: the stuck one is left behind, said so
+        list(loader)
+    assert time.monotonic() - start < 30
+    message = str(caught.value)
+    assert "timed out after 1.5 s (timeout=)" in message and "batch index 2" in message
+    assert "in __getitem__" in message and "datasets.py" in message  # the worker's own stack
+    if use_multiprocessing:
+        assert "pid" in message
+    loader.close()
+
+
+def test_a_stalled_batch_warns_with_the_same_facts(monkeypatch):
+    monkeypatch.setattr(_pool, "_STALL_WARNING_S", 0.5)
+    with FastLoader(datasets.Squares(n=3, delay=1.2), workers=1) as loader:
+        with pytest.warns(UserWarning, match=r"(?s)has waited 1 s for batch index \d from worker 0 \(pid \d+\); its stack:.*in __getitem__"):
+            assert _ids(loader) == [0, 1, 2]
+
+
+def _children(pid):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(tmp_path):
+    shm, pymp = _shm_segments(), _pymp_dirs()
+    marker = tmp_path / "stuck"
+    script = tmp_path / "train.py"
+    script.write_text(PRELUDE + textwrap.dedent(f"""
+        import keras
+        from kfast.data import FastLoader
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+        model.fit(FastLoader(datasets.Stuck(n=20, stuck=5, marker={str(marker)!r}), workers=2), epochs=3, verbose=0)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    try:
+        _wait_for(marker, proc)
+        descendants = _children(proc.pid)
+        assert len(descendants) >= 3  # fork server, resource tracker, workers
+        time.sleep(0.5)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - start < 5, err
+        assert proc.returncode != 0 and "KeyboardInterrupt" in err
+        _, alive = psutil.wait_procs(descendants, timeout=10)
+        assert not alive, alive
+        assert _shm_segments() <= shm and _pymp_dirs() <= pymp
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.timeout(180)
+def test_killed_trainer_leaves_no_workers_segments_or_temp_dirs(tmp_path):
+    shm, pymp = _shm_segments(), _pymp_dirs()
+    marker = tmp_path / "stuck"
+    script = tmp_path / "load.py"
+    script.write_text(PRELUDE + textwrap.dedent(f"""
+        from kfast.data import FastLoader
+        print(list(FastLoader(datasets.Stuck(n=8, stuck=4, marker={str(marker)!r}), workers=2)))
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    try:
+        _wait_for(marker, proc)
+        descendants = _children(proc.pid)
+        assert _pymp_dirs() - pymp and _shm_segments() - shm  # there is something to clean up
+        proc.kill()
+        proc.communicate(timeout=30)
+        _, alive = psutil.wait_procs(descendants, timeout=15)
+        assert not alive, alive
+        deadline = time.monotonic() + 10
+        while (_shm_segments() - shm or _pymp_dirs() - pymp) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _shm_segments() <= shm and _pymp_dirs() <= pymp
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_threads_close_returns_with_a_stuck_thread_and_exit_is_not_blocked(tmp_path):
+    script = tmp_path / "threads.py"
+    script.write_text(PRELUDE + textwrap.dedent("""
+        import warnings
+        from kfast.data import FastLoader, WorkerError
+        loader = FastLoader(datasets.Stuck(n=6, stuck=1), workers=2, use_multiprocessing=False, timeout=1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                list(loader)  # the timeout closes the loader, which cannot stop the stuck thread
+            except WorkerError as e:
+                print("error:", str(e).splitlines()[0])
+            print("warned:", caught[0].message)
+        loader.close()
+        print("exiting")
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert "error: FastLoader timed out after 1 s" in proc.stdout
+    assert "warned: FastLoader left 1 worker thread(s) still inside" in proc.stdout
+    assert proc.stdout.rstrip().endswith("exiting")  # and the interpreter exited with the thread stuck
+
+
+# -- shared memory that fits --------------------------------------------------------------------------
+
+def test_numeric_batches_travel_through_shared_memory():
+    with FastLoader(datasets.Squares(n=6), workers=2) as loader:
+        assert _ids(loader) == list(range(6))
+        assert (loader._pool.shm_batches, loader._pool.pickled_batches) == (6, 0)
+
+
+def test_slots_grow_when_a_larger_batch_than_the_first_comes():
+    # Short first batch (as when shuffling draws the short last batch first): only the first larger
+    # batch travels pickled, then the slots fit.
+    with FastLoader(datasets.Sized([2] + [64] * 9), workers=2, max_queue_size=2) as loader:
+        assert _ids(loader) == list(range(10))
+        assert _ids(loader) == list(range(10))
+        assert loader._pool.pickled_batches <= 3 and loader._pool.shm_batches >= 17
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for a mount namespace")
+def test_a_1_mib_dev_shm_works_with_a_warning(tmp_path):
+    script = tmp_path / "small_shm.py"
+    script.write_text(PRELUDE + textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("always")
+        from kfast.data import FastLoader
+        for mib in (0.25, 0.6):
+            with FastLoader(datasets.Big(n=6, mib=mib), workers=2, max_queue_size=4) as loader:
+                ids = [int(x[0, 0]) for x, y in loader]
+                print(mib, ids, loader._pool.shm_batches, loader._pool.pickled_batches)
+    """))
+    command = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} {script}"
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
+                          capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    ring_3_slots, pickled = lines[0].split(), lines[1].split()
+    assert ring_3_slots[1:7] == ["[0,", "1,", "2,", "3,", "4,", "5]"] and int(ring_3_slots[7]) > 0
+    assert pickled[1:7] == ["[0,", "1,", "2,", "3,", "4,", "5]"] and pickled[7:] == ["0", "6"]
+    assert "/dev/shm has" in proc.stderr and "--shm-size" in proc.stderr
+    assert "Bus error" not in proc.stderr
+
+
+# -- epochs Keras can trust ---------------------------------------------------------------------------
+
+def _predicted_ids(model, loader):
+    return sorted(int(v) for v in np.asarray(model.predict(loader, verbose=0))[::4, 0])
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_each_keras_epoch_starts_at_a_boundary_after_a_partial_iteration(shuffle):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Lambda(lambda t: t[:, :1])])
+    with FastLoader(datasets.Squares(n=8), workers=2, shuffle=shuffle, seed=3) as loader:
+        stream = iter(loader)
+        for _ in range(3):  # what kfast.diagnose does: consume a few batches
+            next(stream)
+        assert _predicted_ids(model, loader) == list(range(8))
+        assert _predicted_ids(model, loader) == list(range(8))
+
+
+def test_diagnose_then_fit_sees_every_batch_once():
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(batch)
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    with FastLoader(datasets.Squares(n=70), workers=2, shuffle=True, seed=1) as loader:
+        kfast.diagnose(model, loader, steps=4, warmup=1)
+        assert loader._consumed % len(loader)  # diagnose left the stream inside an epoch
+        predicted = _predicted_ids(keras.Sequential([keras.Input((3,)), keras.layers.Lambda(lambda t: t[:, :1])]),
+                                   loader)
+        model.fit(loader, epochs=1, verbose=0, callbacks=[Record()])
+    assert predicted == list(range(70)) and seen == list(range(70))
+
+
+# -- seeds, bounds, Keras's PyDataset conventions ----------------------------------------------------
+
+def test_workers_draw_different_random_numbers_every_epoch():
+    with FastLoader(datasets.Draws(n=8), workers=2, seed=7) as loader:
+        epochs = [[tuple(x.tolist()) for x, _ in loader] for _ in range(2)]
+    draws = [d for epoch in epochs for d in epoch]
+    assert len(set(draws)) == len(draws)  # no worker, and no epoch, repeats another's numbers
+
+
+def test_worker_seed_follows_seed_worker_and_epoch():
+    from kfast.data._worker import seed_worker
+
+    seed_worker(7, 1, 2)
+    first = (np.random.randint(2**31), __import__("random").random())
+    seed_worker(7, 1, 2)
+    assert (np.random.randint(2**31), __import__("random").random()) == first
+    seed_worker(7, 0, 2)
+    assert np.random.randint(2**31) != first[0]
+
+
+def test_too_many_workers_are_capped_with_a_warning():
+    with pytest.warns(UserWarning, match=r"workers=100000, more than 4 per usable CPU core .*using \d+"):
+        loader = FastLoader(datasets.Squares(), workers=100000)
+    assert loader.settings["workers"] == 4 * len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"seed": -1}, r"seed=-1; it must be an int >= 0"),
+    ({"seed": "abc"}, r"seed='abc'; it must be an int >= 0"),
+    ({"timeout": 0}, r"timeout=0; it must be a number of seconds > 0"),
+    ({"timeout": float("nan")}, r"timeout=nan"),
+])
+def test_bad_arguments_fail_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FastLoader(datasets.Squares(), **kwargs)
+
+
+def test_a_queue_that_cannot_fit_in_memory_is_refused():
+    loader = FastLoader(datasets.Big(n=2, mib=8), workers=1, max_queue_size=10**6)
+    with pytest.raises(ValueError, match=r"max_queue_size=1000000: .* more than half the .* Lower max_queue_size"):
+        next(iter(loader))
+
+
+def test_a_deep_queue_starts_without_delay():
+    with FastLoader(datasets.Squares(n=30), workers=2, max_queue_size=10000) as loader:
+        assert _ids(loader) == list(range(30))
+
+
+@pytest.mark.parametrize("use_multiprocessing", MODES)
+def test_dict_batches_may_order_their_keys_differently(use_multiprocessing):
+    with FastLoader(datasets.ReorderedKeys(n=4), workers=2, use_multiprocessing=use_multiprocessing) as loader:
+        batches = list(loader)
+    assert [int(x["a"][0, 0]) for x, _ in batches] == [0, 1, 2, 3]
+    assert all(np.array_equal(x["b"], x["a"] + 1) for x, _ in batches)
+
+
+@pytest.mark.parametrize("use_multiprocessing", MODES)
+def test_keras_pydataset_conventions_in_fit(use_multiprocessing):
+    # num_batches instead of __len__, (x, y, sample_weight) batches, epoch hooks in order.
+    data = datasets.CountedBatches(n=4)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with FastLoader(data, workers=2, use_multiprocessing=use_multiprocessing) as loader:
+        history = model.fit(loader, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert data.hooks == ["begin", "end", "begin", "end"]
+
+
+def test_a_worker_error_inside_fit_reaches_the_training_process():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    with FastLoader(datasets.Failing(bad=2), workers=2) as loader:
+        with pytest.raises(Exception, match=r"batch index 2"):
+            model.fit(loader, epochs=1, verbose=0)
