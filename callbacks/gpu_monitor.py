@@ -1,10 +1,13 @@
 """GPUMonitor: how busy the GPU was during each epoch, in `logs`."""
 
+import math
 import threading
+import time
 import warnings
 
 import keras
 
+from kfast import callback_order
 from kfast import distributed
 from kfast import gpu_sampling
 from kfast import nvml
@@ -14,10 +17,14 @@ class GPUMonitor(keras.callbacks.Callback):
     """Samples this process's GPU through NVML in a background thread and logs per-epoch statistics.
 
     Adds `gpu_util_mean`, `gpu_util_p10`, `gpu_idle_fraction` (share of samples under 10% busy) and
-    `gpu_mem_used_max` (bytes) to each epoch's `logs`, so History, CSVLogger and TensorBoard record them.
-    A GPU that is often idle while training means the input pipeline cannot keep up. With no GPU or no
-    driver it warns once (on rank 0), with the reason, and training goes on. The thread stops when training ends,
-    also when training raises.
+    `gpu_mem_used_max` (bytes) to each epoch's `logs`. History, CSVLogger and TensorBoard record them
+    wherever the monitor sits in the callback list: when training begins it moves itself (with kfast's
+    other monitors) to the front of the list, so the values are in `logs` before any logger reads them;
+    under Horovod, `MetricAverage` averages them over ranks. An epoch with no sample (shorter than
+    `interval`) gets one reading taken at its end, and NaN if even that fails, so every epoch logs the
+    same keys. A GPU that is often idle while training means the input pipeline cannot keep up. With no
+    GPU or no driver it warns once (on rank 0), with the reason, and training goes on. The thread stops
+    when training ends, also when training raises.
 
     Args:
         interval: seconds between samples. Defaults to `0.1`.
@@ -29,6 +36,8 @@ class GPUMonitor(keras.callbacks.Callback):
     >>> model.fit(loader, callbacks=[kfast.callbacks.GPUMonitor()])  # doctest: +SKIP
     """
 
+    _writes_epoch_logs = True  # kfast.callback_order.run_first puts it ahead of the loggers
+
     def __init__(self, interval=0.1, sampler=None):
         super().__init__()
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval <= 0:
@@ -36,9 +45,11 @@ class GPUMonitor(keras.callbacks.Callback):
         self.interval = interval
         self._sampler = sampler
         self._thread = None
+        self._read = None
         self._warned = False
 
     def on_train_begin(self, logs=None):
+        callback_order.run_first(self)
         sampler = self._sampler
         if sampler is None:
             try:
@@ -48,6 +59,7 @@ class GPUMonitor(keras.callbacks.Callback):
                     warnings.warn(f"GPUMonitor is off: {e}", stacklevel=2)
                     self._warned = True
                 return
+        self._read = sampler
         self._thread = gpu_sampling.GpuSampler(sampler, self.interval, owner_thread=threading.get_ident()).start()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -55,8 +67,18 @@ class GPUMonitor(keras.callbacks.Callback):
             self._thread.take()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._thread is not None and logs is not None:
-            logs.update(gpu_sampling.summarize(self._thread.take()))
+        if self._thread is None or logs is None:
+            return
+        # The same keys every epoch, on every rank: MetricAverage exchanges values by name.
+        samples = self._thread.take() or self._read_now()
+        logs.update(gpu_sampling.summarize(samples) if samples else dict.fromkeys(gpu_sampling.KEYS, math.nan))
+
+    def _read_now(self):
+        try:
+            util, mem = self._read()
+        except Exception:  # noqa: BLE001 - a failing read costs this epoch's values, never training
+            return []
+        return [(time.monotonic(), util, mem)]
 
     def on_train_end(self, logs=None):
         if self._thread is not None:

@@ -4,6 +4,8 @@ import time
 
 import keras
 
+from kfast import callback_order
+
 # The clock, a module attribute so tests can script time without touching the signature.
 _clock = time.perf_counter
 
@@ -19,6 +21,11 @@ class ThroughputMonitor(keras.callbacks.Callback):
     Only training steps count: the epoch's clock stops when validation begins (Keras validates before
     `on_epoch_end`), so `validation_data` does not dilute the rates.
 
+    History, CSVLogger and TensorBoard record the values wherever the monitor sits in the callback list:
+    when training begins it moves itself (with kfast's other monitors) to the front of the list, so its
+    values are in `logs` before any other callback's `on_epoch_end` reads them. Under Horovod,
+    `MetricAverage` therefore averages them over ranks, like the loss.
+
     Args:
         loader: the `FastLoader` feeding `fit`. Defaults to `None`.
         batch_size: samples per batch when there is no loader. Defaults to `None`.
@@ -29,6 +36,8 @@ class ThroughputMonitor(keras.callbacks.Callback):
     >>> model.fit(loader, callbacks=[kfast.callbacks.ThroughputMonitor(loader)])  # doctest: +SKIP
     """
 
+    _writes_epoch_logs = True  # kfast.callback_order.run_first puts it ahead of the loggers
+
     def __init__(self, loader=None, batch_size=None):
         super().__init__()
         if loader is not None and not hasattr(loader, "wait_seconds"):
@@ -37,6 +46,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
         self.loader, self.batch_size = loader, batch_size
 
     def on_train_begin(self, logs=None):
+        callback_order.run_first(self)
         self._start = None
         self._train_end = None
 

@@ -27,13 +27,18 @@ class Diagnosis:
         gpu: per-phase GPU summaries (`gpu_util_mean`, ...) or `None`; `gpu_reason` says why none.
         recommendations: what to change, most important first.
         times: per-batch seconds of each phase, for plots.
+        gpu_timeline: `(time.monotonic(), utilization_percent, memory_used_bytes)` samples, possibly empty.
+        phases: `{phase: (start, end)}` on the same clock as `gpu_timeline`.
+        epoch_starts: end-to-end steps (counted from 0) that began a new pass over data shorter than the
+            measurement.
     """
 
-    def __init__(self, times, batch_size, gpu=None, gpu_reason=None, gpu_timeline=None, data_kind="dataset",
-                 workers=None, cpus=None):
+    def __init__(self, times, batch_size, gpu=None, gpu_reason=None, gpu_timeline=None, phases=None,
+                 epoch_starts=None, data_kind="dataset", workers=None, cpus=None):
         self.times = {k: [float(t) for t in v] for k, v in times.items()}
         self.batch_size = batch_size
         self.gpu, self.gpu_reason, self.gpu_timeline = gpu, gpu_reason, gpu_timeline or []
+        self.phases, self.epoch_starts = phases or {}, list(epoch_starts or [])
         t_in, t_comp, t_e2e = (_median(self.times[k]) for k in ("input", "compute", "end_to_end"))
         self.input_batches_per_s = 1 / t_in
         self.compute_steps_per_s = 1 / t_comp
@@ -111,30 +116,46 @@ class Diagnosis:
         lines += ["", "What to do:"] + [f"  {i}. {r}" for i, r in enumerate(self.recommendations, 1)]
         return "\n".join(lines)
 
+    def step_breakdown(self):
+        """Splits each measured end-to-end step into compute, input wait and other time.
+
+        Compute is the model's own step (the compute-alone median). Keras loads the next batch while the
+        model computes, so slow input costs each step what loading a batch takes beyond a compute step (the
+        input-alone median minus the compute median): that is the input wait, up to what the step leaves.
+        Other is the rest: handing the batch over (Keras's iterator, conversion, the copy to the device),
+        Python overhead, and steps slower than the medians explain.
+
+        Returns:
+            A dict of numpy arrays, seconds per end-to-end step: `compute`, `input_wait` and `other`; per
+            step they add up to `times["end_to_end"]`.
+
+        Example:
+
+        >>> d = Diagnosis({"input": [0.03] * 3, "compute": [0.01] * 3, "end_to_end": [0.025, 0.03, 0.04]}, 32)
+        >>> {k: [round(t * 1e3) for t in v] for k, v in d.step_breakdown().items()}
+        {'compute': [10, 10, 10], 'input_wait': [15, 20, 20], 'other': [0, 0, 10]}
+        """
+        step = np.array(self.times["end_to_end"])
+        t_in, t_comp = _median(self.times["input"]), _median(self.times["compute"])
+        compute = np.minimum(step, t_comp)
+        wait = np.minimum(step - compute, max(0.0, t_in - t_comp))
+        return {"compute": compute, "input_wait": wait, "other": step - compute - wait}
+
     def plot(self, path):
-        """Writes a PNG: per-batch times of the three phases, and the GPU utilisation timeline if measured."""
-        import matplotlib
+        """Writes a PNG of where each measured training step's time went.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        Stacked bars per end-to-end step (compute, input wait, other; see `step_breakdown`) under the
+        verdict and the measured rates, the first thing to do, and GPU utilisation over the three phases
+        when NVML was read. It draws on its own figure and canvas, so a notebook's matplotlib backend is
+        left as it was.
 
-        panels = 2 if self.gpu_timeline else 1
-        fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels), squeeze=False)
-        ax = axes[0][0]
-        for name, label in (("input", "input alone"), ("compute", "compute alone"), ("end_to_end", "end to end")):
-            ax.plot(np.array(self.times[name]) * 1e3, label=label, marker=".")
-        ax.set_xlabel("batch")
-        ax.set_ylabel("ms per batch")
-        ax.set_title(f"{self.verdict}: {self.lost_fraction:.0%} of step time not spent computing")
-        ax.legend()
-        if self.gpu_timeline:
-            ax = axes[1][0]
-            t0 = self.gpu_timeline[0][0]
-            ax.plot([t - t0 for t, *_ in self.gpu_timeline], [u for _, u, *_ in self.gpu_timeline])
-            ax.set_xlabel("seconds")
-            ax.set_ylabel("GPU busy %")
-            ax.set_ylim(0, 100)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        Args:
+            path: the PNG file to write.
+
+        Returns:
+            `path`.
+        """
+        from kfast import diagnosis_plot
+
+        diagnosis_plot.draw(self, path)
         return path

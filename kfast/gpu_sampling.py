@@ -8,6 +8,9 @@ import numpy as np
 
 from kfast import nvml
 
+# What `summarize` returns, in order.
+KEYS = ("gpu_util_mean", "gpu_util_p10", "gpu_idle_fraction", "gpu_mem_used_max")
+
 
 def summarize(samples):
     """Summarises `(time, utilization_percent, memory_used_bytes)` samples.

@@ -1,5 +1,6 @@
 """`kfast.diagnose` (defined here): measure input, compute and end-to-end step time on the user's model and data."""
 
+import math
 import threading
 import time
 
@@ -12,11 +13,19 @@ from kfast.diagnosis import Diagnosis
 
 
 class _StepClock(keras.callbacks.Callback):
+    """Stamps the end of every training step and stops training after `steps` of them."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+
     def on_train_begin(self, logs=None):
         self.stamps = [time.perf_counter()]
 
     def on_train_batch_end(self, batch, logs=None):
         self.stamps.append(time.perf_counter())
+        if len(self.stamps) > self.steps:
+            self.model.stop_training = True
 
 
 class _Repeat(keras.utils.PyDataset):
@@ -33,25 +42,32 @@ class _Repeat(keras.utils.PyDataset):
         return self.batch
 
 
+def _length(data):
+    """Batches per epoch, or `None` when the data does not say (an iterable, a tf.data.Dataset of unknown
+    cardinality)."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
 def _batches(data, count):
     """Yields `count` batches from a PyDataset-like object or an iterable, wrapping around."""
-    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-        if hasattr(data, "wait_seconds"):  # a FastLoader: read its prefetched stream
-            while True:
-                for batch in data:
-                    yield batch
-                    count -= 1
-                    if not count:
-                        return
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not hasattr(data, "wait_seconds"):
         for i in range(count):
             yield data[i % len(data)]
         return
+    # An iterable, or a FastLoader (read its prefetched stream): one pass per epoch until `count`.
     while count:
+        before = count
         for batch in data:
             yield batch
             count -= 1
             if not count:
                 return
+        if count == before:
+            raise ValueError(f"diagnose got {type(data).__name__} that yields no batches when iterated again; pass "
+                             "data that can be read more than once (a keras.utils.PyDataset or a tf.data.Dataset).")
 
 
 def _state(model):
@@ -62,8 +78,14 @@ def _state(model):
 
 
 def _fit(model, data, steps):
-    clock = _StepClock()
-    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    """Trains `steps` steps and returns each one's seconds; data shorter than that is read for several epochs."""
+    clock = _StepClock(steps)
+    length = _length(data)
+    if length is None:
+        model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    else:
+        # Whole epochs rather than steps_per_epoch > length, which Keras ends early with "ran out of data".
+        model.fit(data, epochs=math.ceil(steps / length), verbose=0, callbacks=[clock])
     return np.diff(clock.stamps)
 
 
@@ -72,8 +94,9 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
 
     Three short phases on the real compiled model and data: the data source alone (batches/s with no
     training), the model alone (training on one cached batch, the ceiling the model allows) and real
-    training steps end to end; plus GPU utilisation through NVML when a GPU is visible. The model's
-    weights and optimizer state are put back afterwards.
+    training steps end to end; plus GPU utilisation through NVML when a GPU is visible. Data with fewer
+    than `warmup + steps` batches is read for several epochs, as training would. The model's weights and
+    optimizer state are put back afterwards.
 
     Args:
         model: a compiled Keras model.
@@ -88,7 +111,7 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
         A `Diagnosis`: print it, `to_dict()` it, or `plot("diagnosis.png")` it.
 
     Raises:
-        ValueError: for non-positive `steps`, negative `warmup`, or an uncompiled model.
+        ValueError: for non-positive `steps`, negative `warmup`, an uncompiled model, or data without batches.
 
     Example:
 
@@ -102,9 +125,8 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ValueError("diagnose needs a compiled model: call model.compile(optimizer, loss) first.")
     total = warmup + steps
-    if hasattr(data, "__len__") and len(data) < total:
-        raise ValueError(f"diagnose needs {total} batches (warmup={warmup} + steps={steps}) but the data has "
-                         f"{len(data)}; pass smaller steps/warmup.")
+    if _length(data) == 0:
+        raise ValueError(f"diagnose got {type(data).__name__} with no batches; pass the data you train on.")
     gpu_reason = None
     if sampler is None:
         try:
@@ -115,9 +137,11 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
                                      stop_when_left="diagnose").start() if sampler else None
 
     variables, saved = _state(model)
-    times, gpu, timeline = {}, {}, []
+    times, gpu, timeline, spans = {}, {}, [], {}
+    began = time.monotonic()  # the sampler's clock, for the picture's GPU timeline
 
     def phase_end(name):
+        spans[name] = (max((end for _, end in spans.values()), default=began), time.monotonic())
         if thread is not None:
             samples = thread.take()
             timeline.extend(samples)
@@ -142,5 +166,8 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
     leaves = keras.tree.flatten(first)
     batch_size = int(np.shape(leaves[0])[0]) if leaves and np.ndim(leaves[0]) else 1
     settings = getattr(data, "settings", {})
+    length = _length(data)
+    epoch_starts = [i for i in range(steps) if length and (warmup + i) % length == 0 and warmup + i]
     return Diagnosis(times, batch_size, gpu=gpu or None, gpu_reason=gpu_reason, gpu_timeline=timeline,
-                     data_kind=type(data).__name__, workers=settings.get("workers"))
+                     phases=spans, epoch_starts=epoch_starts, data_kind=type(data).__name__,
+                     workers=settings.get("workers"))

@@ -1,6 +1,7 @@
 """What every recipe shares: command-line options, the distributed setup, and the training run."""
 
 import argparse
+import importlib.util
 import os
 
 import keras
@@ -43,6 +44,9 @@ def add_common_arguments(parser, *, epochs, batch_size, lr):
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     parser.add_argument("--workers", type=int, default=None, help="loader workers (default: tuned)")
     parser.add_argument("--diagnose", metavar="PNG", help="diagnose the pipeline first and write the plot to PNG")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="where rank 0 writes TensorBoard logs (default: 'tensorboard' beside --checkpoint-dir; "
+                             "'none' writes none)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 
@@ -54,6 +58,24 @@ def check_positive(parser, args):
         parser.error(f"--lr must be > 0, got {args.lr}")
     if args.data and not os.path.exists(args.data):
         parser.error(f"--data {args.data!r} does not exist; pass a dataset path, or omit --data for synthetic data")
+    if args.tensorboard and args.tensorboard.lower() != "none" and not _have_tensorboard():
+        parser.error(f"--tensorboard {args.tensorboard!r} needs the tensorboard package: pip install "
+                     "'kfast[cpu]' (or [gpu]), or pass --tensorboard none")
+
+
+def _have_tensorboard():
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def tensorboard_dir(args):
+    """Where rank 0 writes TensorBoard logs: `--tensorboard`, else `tensorboard` beside the checkpoint
+    directory (`checkpoints` -> `tensorboard`, `out/run/checkpoints` -> `out/run/tensorboard`); `None` for
+    `--tensorboard none`, or when the package is missing and the directory was not asked for."""
+    if args.tensorboard:
+        return None if args.tensorboard.lower() == "none" else args.tensorboard
+    if not _have_tensorboard():
+        return None
+    return os.path.join(os.path.dirname(os.path.normpath(args.checkpoint_dir)), "tensorboard")
 
 
 def loader_for(dataset, args, *, shuffle=True, like=None):
@@ -90,8 +112,12 @@ def assemble(model, train, val, args, monitor="val_loss"):
 def standard_callbacks(args, loader, monitor):
     import kfast.callbacks
 
-    return distributed.callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
+    callbacks = distributed.callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
         kfast.callbacks.ThroughputMonitor(loader), kfast.callbacks.GPUMonitor()]
+    log_dir = tensorboard_dir(args)
+    if log_dir and distributed.is_chief():
+        callbacks.append(keras.callbacks.TensorBoard(log_dir))
+    return callbacks
 
 
 def finish(model, train, val, args, monitor="val_loss"):
@@ -130,6 +156,12 @@ def run(name, argv=None):
             source = args.data or "synthetic data"
             print(f"kfast recipe {name}: {distributed.size()} rank(s), {source}, {len(recipe.train)} batches of "
                   f"{args.batch_size} per rank, loader {recipe.train.settings}", flush=True)
+            log_dir = tensorboard_dir(args)
+            if log_dir:
+                print(f"TensorBoard logs in {log_dir}; view them with: tensorboard --logdir {log_dir}", flush=True)
+            elif not args.tensorboard:
+                print("no TensorBoard logs: the tensorboard package is not installed (pip install 'kfast[cpu]')",
+                      flush=True)
         if args.diagnose:
             _diagnose(recipe, args.diagnose)
         return recipe.fit()
@@ -140,13 +172,9 @@ def run(name, argv=None):
 def _diagnose(recipe, png):
     import kfast
 
-    if len(recipe.train) < 4:
-        if distributed.is_chief():
-            print(f"not diagnosing: {len(recipe.train)} batches per rank is too few to measure", flush=True)
-        return
-    steps = max(2, min(20, len(recipe.train) // 2 - 2))
-    # Every rank runs it: its training phases issue the same allreduces on all ranks.
-    result = kfast.diagnose(recipe.model, recipe.train, steps=steps, warmup=2)
+    # Every rank runs it: its training phases issue the same allreduces on all ranks. Enough steps for a
+    # picture worth reading; data with fewer batches is read for several epochs.
+    result = kfast.diagnose(recipe.model, recipe.train, steps=30, warmup=3)
     if distributed.is_chief():
         print(result, flush=True)
         result.plot(png)

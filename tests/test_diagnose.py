@@ -1,5 +1,7 @@
+import contextlib
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -10,6 +12,8 @@ import pytest
 import datasets
 import kfast
 from helpers import REPO
+from kfast.data import FastLoader
+from kfast.diagnosis import Diagnosis
 
 
 def _model(width, hidden, layers, seed=0):
@@ -70,10 +74,65 @@ def test_bad_arguments():
     model = _model(8, 8, 1)
     with pytest.raises(ValueError, match="steps=0"):
         kfast.diagnose(model, datasets.Features(), steps=0)
-    with pytest.raises(ValueError, match="needs 55 batches"):
-        kfast.diagnose(model, datasets.Features(n=10))
+    with pytest.raises(ValueError, match="Features with no batches"):
+        kfast.diagnose(model, datasets.Features(n=0))
+    batches = datasets.Features(n=3)
+    with pytest.raises(ValueError, match="yields no batches when iterated again"):  # a one-shot iterator
+        kfast.diagnose(model, iter([batches[i] for i in range(3)]), steps=4, warmup=0)
     with pytest.raises(ValueError, match="compiled model"):
         kfast.diagnose(keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]), datasets.Features())
+
+
+@pytest.mark.parametrize("loader", [False, True], ids=["pydataset", "fastloader"])
+def test_diagnose_cycles_a_dataset_shorter_than_the_measurement(loader):
+    model = _model(8, 8, 1)
+    data = datasets.Features(n=10)
+    if loader:
+        data = FastLoader(data, workers=1, use_multiprocessing=False)
+    with data if loader else contextlib.nullcontext():
+        d = kfast.diagnose(model, data, steps=30, warmup=2)
+    assert [len(d.times[k]) for k in ("input", "compute", "end_to_end")] == [30, 30, 30]
+    assert d.epoch_starts == [8, 18, 28]  # steps 10, 20 and 30 counting the 2 warm-up steps
+    assert model.optimizer.iterations.numpy() == 0  # the state is put back after three epochs of training
+
+
+def test_step_breakdown_adds_up_to_each_step():
+    d = Diagnosis({"input": [0.030, 0.010, 0.050], "compute": [0.009, 0.010, 0.020],
+                   "end_to_end": [0.008, 0.025, 0.060]}, batch_size=4)
+    parts = d.step_breakdown()
+    # compute: the 10 ms median, or the whole of a faster step; input wait: 30 - 10 ms at most.
+    np.testing.assert_allclose(parts["compute"], [0.008, 0.010, 0.010])
+    np.testing.assert_allclose(parts["input_wait"], [0.0, 0.015, 0.020])
+    np.testing.assert_allclose(parts["other"], [0.0, 0.0, 0.030], atol=1e-12)
+    np.testing.assert_allclose(sum(parts.values()), d.times["end_to_end"])
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        header = f.read(24)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", header[16:24])
+
+
+def test_plot_leaves_the_matplotlib_backend_alone_and_adds_gpu_time_when_measured(tmp_path):
+    import matplotlib
+
+    model = _model(8, 8, 1)
+    with_gpu = kfast.diagnose(model, datasets.Features(n=6), steps=8, warmup=1,
+                              sampler=_scripted([(0.0, 1), (90.0, 1)] * 200))
+    without = kfast.diagnose(model, datasets.Features(n=6), steps=8, warmup=1)
+    assert with_gpu.gpu_timeline and not without.gpu_timeline
+    assert list(with_gpu.phases) == ["input", "compute", "end_to_end"]
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # what a notebook or script chose; the plot must not switch it to Agg
+    try:
+        with_gpu.plot(str(tmp_path / "gpu.png"))
+        without.plot(str(tmp_path / "cpu.png"))
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+    (w1, h1), (w2, h2) = _png_size(tmp_path / "gpu.png"), _png_size(tmp_path / "cpu.png")
+    assert w1 == w2 == 1000 and h1 > h2 + 150  # the GPU utilisation panel
 
 
 def test_cli_prints_the_verdict_for_a_module_function(tmp_path):

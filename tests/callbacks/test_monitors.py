@@ -1,12 +1,16 @@
 import csv
+import math
 import time
 import warnings
 
 import keras
+import numpy as np
 import pytest
 
 import datasets
 import kfast.callbacks
+import tb_events
+from kfast import callback_order
 from kfast import gpu_sampling
 from kfast.data import FastLoader
 
@@ -70,6 +74,80 @@ def test_throughput_monitor_values_reach_history_and_csv(tmp_path):
     with open(path) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and float(rows[1]["samples_per_second"]) > 0
+
+
+def test_gpu_monitor_logs_the_same_keys_in_an_epoch_without_samples():
+    cb = kfast.callbacks.GPUMonitor(interval=60, sampler=lambda: (70.0, 5))
+    cb.set_model(_model())
+    cb.on_train_begin()
+    deadline = time.monotonic() + 5
+    while not cb._thread._samples and time.monotonic() < deadline:  # the thread's first reading
+        time.sleep(0.01)
+    cb.on_epoch_begin(0)  # drops it: the epoch ends before the next one, 60 s later
+    logs = {}
+    cb.on_epoch_end(0, logs)
+    cb.on_train_end()
+    assert logs == {"gpu_util_mean": 70.0, "gpu_util_p10": 70.0, "gpu_idle_fraction": 0.0, "gpu_mem_used_max": 5}
+
+    def broken():
+        raise OSError("NVML went away")
+
+    cb = kfast.callbacks.GPUMonitor(interval=0.01, sampler=broken)
+    cb.set_model(_model())
+    cb.on_train_begin()
+    logs = {}
+    cb.on_epoch_end(0, logs)
+    cb.on_train_end()
+    assert sorted(logs) == sorted(gpu_sampling.KEYS) and all(math.isnan(v) for v in logs.values())
+
+
+class _Marked(keras.callbacks.Callback):
+    _writes_epoch_logs = True
+
+    def __init__(self, name):
+        super().__init__()
+        self.name, self.began = name, 0
+
+    def on_train_begin(self, logs=None):
+        self.began += 1
+        callback_order.run_first(self)
+
+
+class _Plain(_Marked):
+    _writes_epoch_logs = False
+
+
+def test_run_first_moves_marked_callbacks_ahead_and_keeps_every_order():
+    a, b, logger, other = _Marked("a"), _Marked("b"), _Plain("logger"), _Plain("other")
+    callbacks = keras.callbacks.CallbackList([logger, a, other, b], add_history=True)
+    callbacks.on_train_begin()
+    assert [getattr(c, "name", "history") for c in callbacks.callbacks] == ["a", "b", "logger", "other", "history"]
+    assert [c.began for c in (a, b, logger, other)] == [1, 1, 1, 1]  # each hook ran once while the list moved
+    assert callback_order.run_first(a) is False  # called by hand: no list to reorder
+
+
+@pytest.mark.parametrize("monitors_first", [True, False], ids=["monitors-first", "monitors-last"])
+def test_monitor_values_reach_tensorboard_csv_and_history_in_either_order(monitors_first, tmp_path):
+    keys = ["steps_per_second", "step_time", "samples_per_second", "input_wait_fraction", "gpu_util_mean",
+            "gpu_util_p10", "gpu_idle_fraction", "gpu_mem_used_max"]
+    with FastLoader(datasets.Features(n=6), workers=1, use_multiprocessing=False) as loader:
+        monitors = [kfast.callbacks.ThroughputMonitor(loader),
+                    kfast.callbacks.GPUMonitor(interval=0.01, sampler=lambda: (40.0, 3 << 20))]
+        loggers = [keras.callbacks.TensorBoard(str(tmp_path / "tb"), write_graph=False),
+                   keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))]
+        history = _model().fit(loader, epochs=2, verbose=0,
+                               callbacks=monitors + loggers if monitors_first else loggers + monitors)
+    h = history.history
+    tb = tb_events.scalars(tmp_path / "tb" / "train")
+    with open(tmp_path / "log.csv") as f:
+        rows = list(csv.DictReader(f))
+    for key in keys:
+        assert len(h[key]) == 2, key
+        # TensorBoard stores float32.
+        np.testing.assert_allclose(tb[f"epoch_{key}"], h[key], rtol=1e-6, err_msg=key)
+        assert [float(r[key]) for r in rows] == pytest.approx(h[key]), key
+    assert h["gpu_util_mean"] == [40.0, 40.0] and h["gpu_mem_used_max"] == [3 << 20, 3 << 20]
+    assert all(v > 0 for v in h["steps_per_second"])
 
 
 def test_summary_of_no_samples_is_empty():
