@@ -12,6 +12,9 @@ def _add_doctor(subparsers):
         description="Check this machine for kfast: versions, Horovod build, GPUs. Exits 1 if a required "
                     "piece is broken.")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--hosts", metavar="HOST[,HOST...]",
+                   help="also check these hosts for a multi-host launch, as `kfast launch` does before "
+                        "starting horovodrun (ssh, working directory, versions, hostnames, interfaces)")
     p.set_defaults(run=_run_doctor)
 
 
@@ -19,6 +22,8 @@ def _run_doctor(args):
     from kfast import doctor
 
     report = doctor.collect()
+    if args.hosts:
+        doctor.check_hosts(report, [h.rsplit(":", 1)[0] for h in args.hosts.split(",") if h])
     print(json.dumps(report, indent=2) if args.json else doctor.format_report(report))
     return 1 if doctor.has_errors(report) else 0
 
@@ -179,30 +184,60 @@ def _add_launch(subparsers):
     p = subparsers.add_parser(
         "launch", help="run a recipe on N processes / several hosts through horovodrun",
         description="Build and run the horovodrun command for a recipe. Hosts need kfast installed at the same "
-                    "path and password-less SSH from this one.")
+                    "path and password-less SSH from this one; when other hosts take part, they are checked "
+                    "first (see `kfast doctor --hosts`).")
     p.add_argument("-np", type=int, required=True, help="total number of processes")
     p.add_argument("-H", dest="hosts", help="host:slots[,host:slots...] (default: localhost:NP)")
     p.add_argument("--hostfile", help="a horovodrun host file instead of -H")
+    p.add_argument("--chdir", metavar="DIR",
+                   help="run every rank in DIR (default: this directory; it must exist on every host)")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="start horovodrun without first checking the other hosts")
     p.add_argument("--dry-run", action="store_true", help="print the command without running it")
     p.add_argument("recipe", metavar="RECIPE", help="a name from `kfast recipes`")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's options")
     p.set_defaults(run=_run_launch)
 
 
+def _preflight(names, directory):
+    """Checks the hosts; prints what it found and returns True when horovodrun may start."""
+    from kfast import preflight
+
+    print(f"kfast launch: checking {', '.join(names)} (ssh, working directory, versions, hostnames, "
+          "interfaces; --no-preflight skips this)", flush=True)
+    result = preflight.check(names, directory=directory)
+    for note in result["notes"]:
+        print(f"kfast launch: {note}", flush=True)
+    if not result["problems"]:
+        return True
+    for line in preflight.problem_lines(result):
+        print(f"kfast launch: {line}", file=sys.stderr)
+    print(f"kfast launch: {len(result['problems'])} problem(s) found, so horovodrun was not started; fix them, "
+          "or pass --no-preflight to start anyway.", file=sys.stderr)
+    return False
+
+
 def _run_launch(args):
     import os
     import shlex
     import shutil
-    import subprocess
 
+    from kfast import preflight
     from kfast import recipes
+    from kfast import tf_noise
 
     try:
         recipes.get(args.recipe)
         horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
         cmd = launch_command(args.np, args.hosts, args.hostfile, args.recipe, args.args, horovodrun=horovodrun)
+        names = preflight.host_names(args.hosts, args.hostfile)
     except ValueError as e:
         print(f"kfast launch: {e}", file=sys.stderr)
+        return 2
+    directory = os.path.abspath(args.chdir or os.getcwd())
+    if not os.path.isdir(directory):
+        print(f"kfast launch: --chdir {args.chdir!r} is not a directory on this host; pass a directory that "
+              "exists on every host.", file=sys.stderr)
         return 2
     print(" ".join(shlex.quote(c) for c in cmd), flush=True)
     if args.dry_run:
@@ -211,7 +246,10 @@ def _run_launch(args):
         print("kfast launch: horovodrun was not found; install Horovod with `bash scripts/install_horovod.sh` "
               "(see README).", file=sys.stderr)
         return 2
-    return subprocess.run(cmd).returncode
+    if not args.no_preflight and preflight.needed(names) and not _preflight(names, directory):
+        return 1
+    # TensorFlow's start-up lines from every rank are dropped; warnings and errors pass.
+    return tf_noise.run(cmd, cwd=directory)
 
 
 def build_parser():

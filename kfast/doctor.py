@@ -53,6 +53,20 @@ def _check_tensorflow(report, backend):
     return tf.__version__
 
 
+def _check_tensorboard(report, tf_version):
+    version = _dist_version("tensorboard")
+    report["tensorboard"] = {"version": version}
+    # TensorBoard releases follow TensorFlow's: 2.21.x goes with TensorFlow 2.21.
+    want = ".".join(tf_version.split(".")[:2]) if tf_version else None
+    pin = f"'tensorboard=={want}.*'" if want else "tensorboard"
+    if version is None:
+        _problem(report, "warning", "TensorBoard is not installed: keras.callbacks.TensorBoard fails and the recipes "
+                 "write no TensorBoard logs.", f"pip install {pin}")
+    elif want and not version.startswith(want + "."):
+        _problem(report, "warning", f"TensorBoard {version} is installed for TensorFlow {tf_version}; they are "
+                 "released together and should match.", f"pip install {pin}")
+
+
 def _check_horovod(report, tf_version):
     info = distributed.build_info()
     info["tensorflow_matches"] = None
@@ -95,9 +109,9 @@ def collect():
     """Runs every check.
 
     Returns:
-        A JSON-serialisable dict: `kfast`, `python`, `platform`, `keras`, `tensorflow`, `horovod`,
-        `nvidia_ml_py`, `cpus`, `gpus`, `gpus_reason` and `problems` (each with `severity`, `problem`
-        and `fix`).
+        A JSON-serialisable dict: `kfast`, `python`, `platform`, `keras`, `tensorflow`, `tensorboard`,
+        `horovod`, `nvidia_ml_py`, `cpus`, `gpus`, `gpus_reason` and `problems` (each with `severity`,
+        `problem` and `fix`).
 
     Example:
 
@@ -115,9 +129,23 @@ def collect():
     }
     backend = _check_keras(report)
     tf_version = _check_tensorflow(report, backend)
+    _check_tensorboard(report, tf_version)
     _check_horovod(report, tf_version)
     _check_gpus(report)
     return report
+
+
+def check_hosts(report, names):
+    """Adds to `report` the checks `kfast launch` runs on hosts `names` before starting horovodrun.
+
+    Stores `kfast.preflight.check`'s result under `hosts`; each problem it finds is an error.
+    """
+    from kfast import preflight
+
+    result = preflight.check(names)
+    report["hosts"] = result
+    for p in result["problems"]:
+        _problem(report, "error", f"{p['host']}: {p['problem']}.", p["fix"])
 
 
 def has_errors(report):
@@ -138,7 +166,8 @@ def format_report(report):
     rows = [("python", f"{report['python']['version']} ({report['python']['executable']})"),
             ("platform", report["platform"]),
             ("keras", f"{_or(keras['version'])}, backend {_or(keras['backend'], 'unknown')}"),
-            ("tensorflow", f"{_or(tf['version'])}" + (f", sees {tf['gpus']} GPU(s)" if tf["version"] else ""))]
+            ("tensorflow", f"{_or(tf['version'])}" + (f", sees {tf['gpus']} GPU(s)" if tf["version"] else "")),
+            ("tensorboard", _or(report["tensorboard"]["version"]))]
     if hvd["installed"]:
         built = [name for name in ("gloo", "mpi", "nccl", "cuda") if hvd[name]]
         match = {True: "matches", False: "MISMATCH", None: "unknown"}[hvd["tensorflow_matches"]]
@@ -156,6 +185,13 @@ def format_report(report):
         rows.append(("gpus", f"none visible: {report['gpus_reason']}"))
     lines += [f"  {name:<13} {value}" for name, value in rows]
     lines.append("")
+    if "hosts" in report:
+        from kfast import preflight
+
+        hosts = report["hosts"]
+        lines.append(f"Hosts (checked from {hosts['this_host']} over ssh, working directory {hosts['directory']}):")
+        lines += [f"  {line}" for line in preflight.host_lines(hosts) + hosts["notes"]]
+        lines.append("")
     if report["problems"]:
         lines.append("Problems:")
         for p in report["problems"]:

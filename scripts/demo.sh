@@ -6,10 +6,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="$PWD/.venv/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=3
 out=out/demo
 mkdir -p "$out"
-kfast doctor
+# TensorFlow's start-up lines (printed by every process that imports it, before any setting is read)
+# are dropped from stderr; warnings and errors pass. stdout goes straight through.
+quiet() { { "$@" 2>&1 1>&3 3>&- | python kfast/tf_noise.py >&2 3>&-; } 3>&1; }
+quiet kfast doctor
 echo
 echo "== kfast launch -np 2 image-classification (synthetic images, CPU, Gloo); output in $out/"
-timeout 900 kfast launch -np 2 image-classification --epochs 3 --samples 1024 \
+quiet timeout 900 kfast launch -np 2 image-classification --epochs 3 --samples 1024 \
   --checkpoint-dir "$out/checkpoints" --diagnose "$out/diagnosis.png"
 echo
 echo "checkpoints: $(ls "$out/checkpoints" | tr '\n' ' ')"

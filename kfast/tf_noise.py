@@ -1,0 +1,102 @@
+"""TensorFlow's start-up lines, told apart from real output and dropped from what `kfast launch` shows.
+
+Every process that imports TensorFlow writes a few lines to stderr before TensorFlow reads any setting
+(so `TF_CPP_MIN_LOG_LEVEL` cannot hide them), twice when the library loads twice, and horovodrun repeats
+them for every rank:
+
+    WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+    I0000 00:00:1795988394.179937   24508 port.cc:153] oneDNN custom operations are on. You may see ...
+    I0000 00:00:1795988394.277964   24508 cpu_feature_guard.cc:227] This TensorFlow binary is optimized ...
+    To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with ...
+
+Only those lines match (with or without horovodrun's `[rank]<stderr>:` prefix); warnings and errors,
+TensorFlow's included, pass. `KFAST_TF_STARTUP_LOGS=1` passes everything.
+
+The module imports nothing from kfast, so a shell can filter through it without starting TensorFlow:
+`kfast doctor 2> >(python kfast/tf_noise.py >&2)` (`make demo` does).
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+SHOW_VARIABLE = "KFAST_TF_STARTUP_LOGS"
+
+_PREFIX = r"(?:\[\d+\]<std(?:out|err)>:)?(?:[A-Z][a-z]{2} [A-Z][a-z]{2} +\d+ [\d:]+ \d{4}\[\d+\]<std(?:out|err)>:)?"
+_ABSL_INFO = r"I\d{4} [\d:.]+ +\d+ "
+_NOISE = re.compile(_PREFIX + "(?:" + "|".join([
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    _ABSL_INFO + r"port\.cc:\d+\] oneDNN custom operations are on\. .*",
+    _ABSL_INFO + r"cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use available CPU "
+                 r"instructions in performance-critical operations\.",
+    r"To enable the following instructions: [A-Z0-9_ ]+, in other operations, rebuild TensorFlow with the "
+    r"appropriate compiler flags\.",
+]) + r")\r?\n?")
+
+
+def is_noise(line):
+    """True for one of TensorFlow's start-up lines (str or bytes, with or without the newline)."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", errors="replace")
+    return _NOISE.fullmatch(line) is not None
+
+
+def enabled():
+    """False when `KFAST_TF_STARTUP_LOGS=1` asks for TensorFlow's start-up lines."""
+    return os.environ.get(SHOW_VARIABLE, "") not in ("1", "true", "yes")
+
+
+def copy(source, target):
+    """Copies lines from binary file `source` to binary file `target` until end of file, dropping the
+    start-up lines (all of them pass when filtering is off) and flushing after each line."""
+    drop = enabled()
+    reader_gone = False
+    for line in iter(source.readline, b""):
+        if reader_gone or (drop and is_noise(line)):
+            continue  # keep draining, so the writer never blocks on a full pipe
+        try:
+            target.write(line)
+            target.flush()
+        except (BrokenPipeError, ValueError):
+            reader_gone = True
+
+
+def run(cmd, cwd=None, stop_grace_s=30):
+    """Runs `cmd` with its stderr filtered through `copy` and returns its exit status (128+N for signal N).
+
+    SIGINT, SIGTERM and SIGHUP sent to this process are passed on to `cmd` (horovodrun stops its ranks on
+    them), and this process waits for it; if it is still running `stop_grace_s` seconds after such a
+    signal, it is killed. Call from the main thread.
+    """
+    proc = subprocess.Popen(cmd, cwd=cwd, stderr=subprocess.PIPE)
+    forward = threading.Thread(target=copy, args=(proc.stderr, sys.stderr.buffer), name="kfast-stderr", daemon=True)
+    forward.start()
+    signalled = []
+
+    def pass_on(signum, frame):
+        signalled.append(time.monotonic())
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if signalled and time.monotonic() - signalled[0] > stop_grace_s:
+                    proc.kill()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    forward.join(timeout=5)
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    copy(sys.stdin.buffer, sys.stdout.buffer)
