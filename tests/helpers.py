@@ -1,6 +1,7 @@
 """Test helpers shared by every test module (on sys.path through pytest's `pythonpath`)."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,3 +59,29 @@ class RecordRates(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self.rates.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+
+# The user's dataset for README's scale-out snippet (`from my_project import build_model, MyDataset`); tests
+# put it beside their own build_model.
+README_DATASET = '''
+
+class MyDataset(keras.utils.PyDataset):
+    def __init__(self, split, **kwargs):
+        super().__init__(**kwargs)
+        rng = np.random.default_rng(0 if split == "train" else 1)
+        self.x = rng.normal(size=(8, 8, 10, 10, 1)).astype("float32")
+        self.y = rng.integers(0, 3, size=(8, 8))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+'''
+
+
+def readme_scale_out_snippet():
+    """The first python block of README.md's "Scale out" section, exactly as users read it."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        section = f.read().split("## Scale out: Horovod on Keras 3", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)

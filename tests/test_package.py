@@ -3,9 +3,6 @@
 import os
 import subprocess
 import sys
-import zipfile
-
-import pytest
 
 from helpers import REPO
 

@@ -28,7 +28,6 @@ import weakref
 from multiprocessing import connection
 
 import cloudpickle
-import numpy as np
 
 from kfast.data import _interrupt
 from kfast.data import _ring

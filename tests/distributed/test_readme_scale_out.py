@@ -6,11 +6,10 @@ appends a few lines that write what each rank ended with.
 
 import json
 import os
-import re
 
 import numpy as np
 
-from helpers import REPO
+from helpers import README_DATASET, readme_scale_out_snippet
 
 MY_PROJECT = '''
 import keras
@@ -26,21 +25,7 @@ def build_model():
         keras.layers.Dense(8, activation="relu"),
         keras.layers.Dense(3, activation="softmax"),
     ])
-
-
-class MyDataset(keras.utils.PyDataset):
-    def __init__(self, split, **kwargs):
-        super().__init__(**kwargs)
-        rng = np.random.default_rng(0 if split == "train" else 1)
-        self.x = rng.normal(size=(8, 8, 10, 10, 1)).astype("float32")
-        self.y = rng.integers(0, 3, size=(8, 8))
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
-'''
+''' + README_DATASET
 
 REPORT = '''
 import json, numpy as np
@@ -51,13 +36,6 @@ with open(f"report-rank{kfast.distributed.rank()}.json", "w") as f:
                "lr": float(keras.ops.convert_to_numpy(inner.learning_rate)),
                "state": [np.asarray(v).tolist() for v in model.weights + inner.variables]}, f)
 '''
-
-
-def readme_scale_out_snippet():
-    with open(os.path.join(REPO, "README.md")) as f:
-        text = f.read()
-    section = text.split("## Scale out: Horovod on Keras 3", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def _reports(path):

@@ -12,7 +12,7 @@ import pytest
 
 import harness
 from runner import ALLREDUCE, horovodrun
-from helpers import REPO, rank_lines
+from helpers import README_DATASET, rank_lines, readme_scale_out_snippet
 from kfast import tf_noise
 
 WORK = f"{harness.HOST_DIR}/work"
@@ -40,21 +40,7 @@ def build_model():
     with open(f"initial-rank{kfast.distributed.rank()}.json", "w") as f:
         json.dump([np.asarray(w).tolist() for w in model.get_weights()], f)
     return model
-
-
-class MyDataset(keras.utils.PyDataset):
-    def __init__(self, split, **kwargs):
-        super().__init__(**kwargs)
-        rng = np.random.default_rng(0 if split == "train" else 1)
-        self.x = rng.normal(size=(8, 8, 10, 10, 1)).astype("float32")
-        self.y = rng.integers(0, 3, size=(8, 8))
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
-'''
+''' + README_DATASET
 
 REPORT = '''
 import json, numpy as np
@@ -63,12 +49,6 @@ with open(f"report-rank{kfast.distributed.rank()}.json", "w") as f:
     json.dump({"initial_epoch": initial_epoch, "size": kfast.distributed.size(),
                "state": [np.asarray(v).tolist() for v in model.weights + inner.variables]}, f)
 '''
-
-
-def readme_scale_out_snippet():
-    with open(os.path.join(REPO, "README.md")) as f:
-        section = f.read().split("## Scale out: Horovod on Keras 3", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 def _json(path):
