@@ -11,7 +11,6 @@ same processes, one path after the other.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,7 +97,7 @@ def kfast_fit(x, y, batch, width, windows):
                 times.append((time.perf_counter() - self.start) / self.params["steps"])
 
     model.fit(x, y, batch_size=batch, epochs=windows + 1, shuffle=False, verbose=0,
-              callbacks=kfast.distributed.callbacks(warmup_epochs=0) + [Clock()])
+              callbacks=kfast.distributed.default_callbacks(warmup_epochs=0) + [Clock()])
     return sorted(times)[len(times) // 2]
 
 
@@ -117,7 +116,9 @@ def worker(args):
 
 
 def launch(args, np, out):
-    horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    from kfast.distributed import horovodrun_path
+
+    horovodrun = horovodrun_path()
     cmd = [horovodrun, "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, os.path.abspath(__file__),
            "--worker", "--out", out, "--steps", str(args.steps), "--batch", str(args.batch),
            "--width", str(args.width), "--windows", str(args.windows)]

@@ -5,7 +5,7 @@ import math
 import keras
 from kfast.messages import print_msg
 
-from kfast import checkpoint
+from kfast.distributed import checkpoint
 from kfast import distributed
 
 _STATE_KEY = "base_learning_rate"

@@ -8,7 +8,7 @@ import warnings
 import keras
 from kfast.messages import print_msg
 
-from kfast import checkpoint
+from kfast.distributed import checkpoint
 from kfast import distributed
 
 _STATE_KEY = "best"

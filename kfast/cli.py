@@ -220,15 +220,15 @@ def _preflight(names, directory):
 def _run_launch(args):
     import os
     import shlex
-    import shutil
 
     from kfast import preflight
     from kfast import recipes
     from kfast import tf_noise
+    from kfast.distributed import horovodrun_path
 
     try:
         recipes.get(args.recipe)
-        horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        horovodrun = horovodrun_path()
         cmd = launch_command(args.np, args.hosts, args.hostfile, args.recipe, args.args, horovodrun=horovodrun)
         names = preflight.host_names(args.hosts, args.hostfile)
     except ValueError as e:

@@ -5,11 +5,13 @@ required piece is broken (the CLI then exits non-zero); a "warning" means someth
 """
 
 import importlib.metadata
+import importlib.util
+import json
 import os
 import platform
 import sys
 
-from kfast import distributed
+from kfast.distributed import _horovod
 from kfast import nvml
 
 
@@ -18,6 +20,38 @@ def _dist_version(name):
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def horovod_build():
+    """Describes the installed Horovod without starting it.
+
+    Returns:
+        A dict with `installed` (bool), `version`, `built_for_tensorflow` (the TensorFlow version the
+        binary was compiled against), `gloo`, `mpi`, `nccl`, `cuda` (bools) and `error` (why the
+        TensorFlow extension cannot load, or None).
+    """
+    info = {"installed": False, "version": None, "built_for_tensorflow": None, "gloo": None,
+            "mpi": None, "nccl": None, "cuda": None, "error": None}
+    spec = importlib.util.find_spec("horovod")
+    if spec is None:
+        info["error"] = "Horovod is not installed; install it with `bash scripts/install_horovod.sh` (see README)."
+        return info
+    info["installed"] = True
+    try:
+        info["version"] = importlib.metadata.version("horovod")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        with open(os.path.join(list(spec.submodule_search_locations)[0], "metadata.json")) as f:
+            info["built_for_tensorflow"] = json.load(f).get("tensorflow")
+    except (OSError, ValueError):
+        pass
+    try:
+        hvd = _horovod.import_horovod()
+        info.update(gloo=hvd.gloo_built(), mpi=hvd.mpi_built(), nccl=hvd.nccl_built(), cuda=hvd.cuda_built())
+    except Exception as e:  # noqa: BLE001 - any failure to load the extension is reported, not raised
+        info["error"] = f"{type(e).__name__}: {e}"
+    return info
 
 
 def _problem(report, severity, problem, fix):
@@ -68,7 +102,7 @@ def _check_tensorboard(report, tf_version):
 
 
 def _check_horovod(report, tf_version):
-    info = distributed.build_info()
+    info = horovod_build()
     info["tensorflow_matches"] = None
     if info["built_for_tensorflow"] and tf_version:
         info["tensorflow_matches"] = info["built_for_tensorflow"] == tf_version
@@ -105,6 +139,12 @@ def _check_gpus(report):
                  "install the GPU build: pip install 'kfast[gpu]' (tensorflow[and-cuda]) and remove tensorflow-cpu")
 
 
+def _check_platform(report, system=sys.platform):
+    if system != "linux":
+        _problem(report, "error", f"kfast runs on Linux only (its worker processes start from a fork server, use "
+                 f"/dev/shm and CPU affinity); this is {system}.", "run kfast on Linux, or in a Linux container")
+
+
 def collect():
     """Runs every check.
 
@@ -124,9 +164,11 @@ def collect():
         "kfast": __version__,
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": platform.platform(),
-        "cpus": {"total": os.cpu_count(), "usable": len(os.sched_getaffinity(0))},
+        "cpus": {"total": os.cpu_count(),
+                 "usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()},
         "problems": [],
     }
+    _check_platform(report)
     backend = _check_keras(report)
     tf_version = _check_tensorflow(report, backend)
     _check_tensorboard(report, tf_version)

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from kfast import distributed
+from kfast.distributed import _horovod as distributed
 
 _COMPRESSIONS = (None, "fp16")
 

@@ -111,7 +111,7 @@ def probe(directory):
     facts["hostname_addresses"] = _resolve(facts["hostname"])
     facts["interfaces"], facts["loopback_addresses"] = _interfaces()
     import kfast
-    from kfast import distributed
+    from kfast import doctor
 
     facts["versions"]["kfast"] = kfast.__version__
     try:
@@ -121,7 +121,7 @@ def probe(directory):
         facts["versions"].update(keras=keras.__version__, tensorflow=tf.__version__)
     except Exception as e:  # noqa: BLE001 - reported as a difference, with the reason
         facts["versions"].update(keras=None, tensorflow=None, import_error=f"{type(e).__name__}: {e}")
-    info = distributed.build_info()
+    info = doctor.horovod_build()
     facts["versions"]["horovod"] = info["version"]
     facts["horovod_build"] = sorted(k for k in ("gloo", "mpi", "nccl", "cuda") if info[k])
     return facts

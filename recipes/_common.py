@@ -112,7 +112,7 @@ def assemble(model, train, val, args, monitor="val_loss"):
 def standard_callbacks(args, loader, monitor):
     import kfast.callbacks
 
-    callbacks = distributed.callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
+    callbacks = distributed.default_callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
         kfast.callbacks.ThroughputMonitor(loader), kfast.callbacks.GPUMonitor()]
     log_dir = tensorboard_dir(args)
     if log_dir and distributed.is_chief():

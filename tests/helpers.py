@@ -2,18 +2,19 @@
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 import keras
 import pytest
 
+from kfast.distributed import horovodrun_path
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _horovodrun():
-    return shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return horovodrun_path()
 
 
 @pytest.fixture

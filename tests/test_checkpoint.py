@@ -9,7 +9,7 @@ import pytest
 
 import kfast
 import kfast.callbacks
-from kfast import checkpoint
+from kfast.distributed import checkpoint
 
 
 def _mnist_like():
@@ -38,7 +38,7 @@ def _train(tmp_path, epochs=2):
     model = _compiled(_mnist_like())
     x, y = _data()
     model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, shuffle=False,
-              callbacks=kfast.distributed.callbacks(str(tmp_path), monitor="loss"))
+              callbacks=kfast.distributed.default_callbacks(str(tmp_path), monitor="loss"))
     return model
 
 
@@ -55,7 +55,7 @@ def test_restore_builds_a_model_without_an_input_layer(tmp_path):
         np.testing.assert_array_equal(got, want)
     x, y = _data()
     fresh.fit(x, y, batch_size=8, epochs=3, initial_epoch=2, verbose=0,
-              callbacks=kfast.distributed.callbacks(str(tmp_path), monitor="loss"))
+              callbacks=kfast.distributed.default_callbacks(str(tmp_path), monitor="loss"))
     assert checkpoint.list_epochs(str(tmp_path))[-1] == 3
 
 

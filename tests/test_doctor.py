@@ -56,3 +56,14 @@ def test_tensorflow_mismatch_is_an_error_with_a_fix():
 def test_help_lists_commands():
     proc = _kfast("--help")
     assert proc.returncode == 0 and "doctor" in proc.stdout
+
+
+def test_doctor_says_kfast_needs_linux_elsewhere():
+    from kfast import doctor
+
+    report = {"problems": []}
+    doctor._check_platform(report, system="darwin")
+    assert report["problems"][0]["severity"] == "error" and "Linux only" in report["problems"][0]["problem"]
+    report = {"problems": []}
+    doctor._check_platform(report, system="linux")
+    assert report["problems"] == []

@@ -1,9 +1,31 @@
-"""Input pipelines: FastLoader, in-memory datasets and sharding across ranks."""
+"""Input pipelines: FastLoader, in-memory datasets and sharding across ranks.
 
-from kfast.data.arrays import ArrayDataset
-from kfast.data.loader import FastLoader
-from kfast.data.loader import WorkerError
-from kfast.data.shard import ShardedDataset
-from kfast.data.shard import shard
+The names load on first use (PEP 562), so that a loader worker process, which imports
+`kfast.data._worker`, loads numpy and nothing heavier.
+"""
+
+import importlib
+from typing import TYPE_CHECKING
 
 __all__ = ["ArrayDataset", "FastLoader", "ShardedDataset", "WorkerError", "shard"]
+
+_HOMES = {"ArrayDataset": "kfast.data.arrays", "FastLoader": "kfast.data.loader", "ShardedDataset": "kfast.data.sharding",
+          "WorkerError": "kfast.data._pool", "shard": "kfast.data.sharding"}
+
+if TYPE_CHECKING:  # what IDEs and type checkers read
+    from kfast.data._pool import WorkerError  # noqa: F401
+    from kfast.data.arrays import ArrayDataset  # noqa: F401
+    from kfast.data.loader import FastLoader  # noqa: F401
+    from kfast.data.sharding import ShardedDataset, shard  # noqa: F401
+
+
+def __getattr__(name):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'kfast.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -6,9 +6,17 @@ batch that never came held Ctrl-C off for ever. Python also writes each signal's
 fd" at once, from C: a watcher thread reads it and notes the time, and passes every byte on to whoever
 held the fd before (asyncio in a notebook kernel, say), so their own handling is unchanged. A loader
 waiting for a batch checks the note and gives up.
+
+When the main thread does not react within a moment, it is stuck in the framework waiting for a batch.
+In a notebook the waiting loader then raises KeyboardInterrupt, which fails the framework's op and ends
+`fit`. In a script, unwinding through the framework's half-failed op can deadlock the interpreter's
+final garbage collection, so the process is ended instead, as an unhandled Ctrl-C ends it: loaders
+closed (workers, shared memory, the fork server's directory), then exit status 130, as a shell reports
+for Ctrl-C.
 """
 
 import os
+import sys
 import signal
 import socket
 import threading
@@ -55,6 +63,28 @@ def _watch(reader, writer, previous):
                 pass
 
 
-def since(start):
-    """True when SIGINT arrived after monotonic time `start`."""
-    return _last > start
+def since(start, grace):
+    """True when SIGINT arrived after monotonic time `start`, at least `grace` seconds ago.
+
+    The grace leaves the main thread time to raise its own KeyboardInterrupt, which is the clean way out
+    whenever it is not stuck waiting for this loader.
+    """
+    return _last > start and time.monotonic() - _last >= grace
+
+
+def interactive():
+    """True in a notebook kernel or an interactive interpreter, where the process must survive Ctrl-C."""
+    return hasattr(sys, "ps1") or "ipykernel" in sys.modules
+
+
+def end_process(message):
+    """Says why on stderr, closes every loader, and ends the process with status 130 (Ctrl-C)."""
+    from kfast.data import _signals
+
+    sys.stderr.write(f"\nKeyboardInterrupt: {message}\n")
+    sys.stderr.flush()
+    try:
+        _signals.clean_up()
+    finally:
+        sys.stdout.flush()
+        os._exit(128 + signal.SIGINT)  # what a shell reports for Ctrl-C; no unwinding through the framework

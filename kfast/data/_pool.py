@@ -42,6 +42,7 @@ _START_METHOD = "forkserver"
 # Seconds without a batch before a warning says which worker is stuck where (again every period after).
 _STALL_WARNING_S = 60.0
 _POLL_S = 0.25
+_INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, the main thread's own KeyboardInterrupt gets this long first
 _TEMP_DIR_VARIABLE = "KFAST_MP_TEMP_DIR"  # read by kfast.data._janitor in the fork server; never imported here  # how often a wait looks at Ctrl-C, the timeout and the stall warning
 
 
@@ -131,14 +132,20 @@ def read_stack(pid, stack_conn, wait_s=1.0):
 class Waiter:
     """The clock of one wait for a batch: the caller's `timeout`, the stall warning, and Ctrl-C."""
 
-    def __init__(self, timeout, describe):
+    def __init__(self, timeout, describe, interrupt_mark):
         self.start = self._warned = time.monotonic()
-        self.timeout, self.describe = timeout, describe
+        self.timeout, self.describe, self.interrupt_mark = timeout, describe, interrupt_mark
+
+    def restart(self):
+        self.start = self._warned = time.monotonic()
 
     def check(self):
         now = time.monotonic()
-        if _interrupt.since(self.start):
-            raise KeyboardInterrupt("FastLoader stopped waiting for a batch: Ctrl-C")
+        if _interrupt.since(self.interrupt_mark, _INTERRUPT_GRACE_S):
+            if _interrupt.interactive():
+                raise KeyboardInterrupt("FastLoader stopped waiting for a batch: Ctrl-C")
+            _interrupt.end_process(f"Ctrl-C while the training loop waited {now - self.start:.0f} s for a batch "
+                                   "from a FastLoader worker; FastLoader closed its workers and ended the process.")
         if self.timeout is not None and now - self.start > self.timeout:
             raise WorkerError(f"FastLoader timed out after {self.timeout:g} s (timeout=) waiting for "
                               f"{self.describe()}")
@@ -237,8 +244,9 @@ class ProcessPool:
                         f"{read_stack(pid, self._stacks[w])}\n")
         return f"batch {seq}."
 
-    def result(self, seq):
-        waiter = Waiter(self._timeout, lambda: self._describe(seq))
+    def result(self, seq, interrupt_mark):
+        """Batch `seq`; gives up on Ctrl-C pressed after monotonic time `interrupt_mark`."""
+        waiter = Waiter(self._timeout, lambda: self._describe(seq), interrupt_mark)
         while seq not in self._replies:
             sentinels = {p.sentinel: i for i, p in enumerate(self._processes)}
             ready = connection.wait(self._conns + list(sentinels), timeout=_POLL_S)
@@ -251,6 +259,8 @@ class ProcessPool:
                 except (EOFError, OSError):
                     self._raise_dead(w)
                 self._started[w] = True
+                if reply[0] == "ready":
+                    continue
                 self._pending[w].pop(reply[1], None)
                 self._replies[reply[1]] = reply
             if seq in self._replies:
@@ -258,6 +268,8 @@ class ProcessPool:
             for obj in ready:
                 if obj in sentinels:
                     self._raise_dead(sentinels[obj])
+            if not all(self._started[w] for w, pending in enumerate(self._pending) if seq in pending):
+                waiter.restart()  # still importing the dataset: not the batch's time yet
             waiter.check()
         return self._decode(self._replies.pop(seq))
 

@@ -29,34 +29,43 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasat
 _loaders = weakref.WeakSet()
 _lock = threading.Lock()
 _installed = False
+_owner = None  # the pid that installed the handlers; a forked child (a Keras or user pool) inherits them
 
 
 def watch(loader):
     """Has SIGTERM and SIGHUP close `loader` (kept by a weak reference) before the process dies."""
-    global _installed
+    global _installed, _owner
     with _lock:
         _loaders.add(loader)
         if _installed or threading.current_thread() is not threading.main_thread():
             return
         _installed = True
+        _owner = os.getpid()
         for signum in SIGNALS:
             if signal.getsignal(signum) is signal.SIG_DFL:
                 signal.signal(signum, _handle)
 
 
 def _handle(signum, frame):
+    if os.getpid() != _owner:
+        # A forked child (say Keras's own process pool, which it stops with SIGTERM) inherited this handler
+        # and the parent's loaders: they are not its to close, nor is the parent's directory to remove.
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+        os._exit(128 + signum)
     for s in SIGNALS:
         if signal.getsignal(s) is _handle:
             signal.signal(s, signal.SIG_IGN)
     try:
-        _clean_up()
+        clean_up()
     finally:
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)
         os._exit(128 + signum)  # only reached if the signal is blocked in this thread
 
 
-def _clean_up():
+def clean_up():
+    """Closes every live process loader and removes the fork server's directory (the process is ending)."""
     used_processes = False
     for loader in list(_loaders):
         try:

@@ -67,9 +67,9 @@ class ThreadPool:
                 return f"batch index {index} from a worker thread; its stack:\n{stack}"
         return f"batch index {index} (waiting for a free worker thread)."
 
-    def result(self, seq):
+    def result(self, seq, interrupt_mark):
         index, future = self._futures.pop(seq)
-        waiter = Waiter(self._timeout, lambda: self._describe(index))
+        waiter = Waiter(self._timeout, lambda: self._describe(index), interrupt_mark)
         while True:
             try:
                 return future.result(timeout=_POLL_S)

@@ -8,6 +8,7 @@ it sends back one of:
     ("pickle", seq, batch, nbytes)     the batch itself: not plain numeric arrays (nbytes 0), or no slot
                                        was free or big enough (nbytes: the slot size it would need)
     ("error", seq, index, text)        the dataset raised; `text` is the worker's formatted traceback
+and, once, `("ready", None)` when it has unpickled the dataset and is about to take tasks.
 
 On SIGUSR1 it writes its Python stack to `stack_conn` (faulthandler, which works even while the
 dataset's code is stuck), so the loader can say where a slow batch is.
@@ -74,8 +75,9 @@ def run(conn, lifeline, stack_conn, dataset_payload, ring, seed, worker_id):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(lifeline,), name="kfast-lifeline", daemon=True).start()
     faulthandler.register(signal.SIGUSR1, file=stack_conn.fileno(), all_threads=False)
-    dataset = pickle.loads(dataset_payload)
+    dataset = pickle.loads(dataset_payload)  # may import the dataset's module: seconds, with Keras
     shm, slot_bytes = _attach(ring[0]), ring[1]
+    conn.send(("ready", None))  # a batch's timeout counts from here
     epoch = None
     try:
         while True:

@@ -17,7 +17,7 @@ from kfast.data import _signals
 from kfast.data import _threads
 from kfast.data import structure
 from kfast.data._pool import WorkerError
-from kfast.data.shard import ShardedDataset
+from kfast.data.sharding import ShardedDataset
 
 __all__ = ["FastLoader", "WorkerError"]
 
@@ -160,6 +160,8 @@ class FastLoader(keras.utils.PyDataset):
         self.shuffle = bool(shuffle)
         self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else int(seed)
         self.timeout = timeout
+        self._interrupt_mark = time.monotonic()
+        self._interrupted = False
         _interrupt.install()
         _signals.watch(self)
         self._num_workers = workers or default_workers()
@@ -272,17 +274,28 @@ class FastLoader(keras.utils.PyDataset):
             return self._next_locked()
 
     def _next_locked(self):
+        if self._interrupted:
+            # Once interrupted, every further request fails at once: nothing restarts workers while the
+            # process unwinds (a framework thread may still ask for the next batch).
+            raise KeyboardInterrupt("FastLoader was interrupted by Ctrl-C")
         if self._pool is None:
             self._start()
         self._fill()
         seq = self._consumed
         start = time.perf_counter()
         try:
-            batch = self._pool.result(seq)
+            # Ctrl-C since the last batch counts, not only during this wait: the main thread's own
+            # KeyboardInterrupt can be lost (raised inside a finalizer, which Python ignores).
+            batch = self._pool.result(seq, self._interrupt_mark)
+        except KeyboardInterrupt:
+            self._interrupted = True
+            self.close()
+            raise
         except BaseException:
-            self.close()  # a failed or interrupted pool is not reused
+            self.close()  # a failed pool is not reused
             raise
         self.wait_seconds += time.perf_counter() - start
+        self._interrupt_mark = time.monotonic()
         self._consumed += 1
         self._fill()
         flat = structure.flatten(batch)
@@ -312,6 +325,8 @@ class FastLoader(keras.utils.PyDataset):
         return self.dataset[self._index(self._consumed // self._n, index % self._n)]
 
     def on_epoch_begin(self):
+        self._interrupt_mark = time.monotonic()  # a Ctrl-C caught before this epoch is not ours to act on
+        self._interrupted = False
         if self._consumed % self._n:
             # Something consumed part of an epoch outside Keras's loop (diagnose, a partial iteration):
             # Keras's epoch starts a whole one, so no batch is repeated or missing in it.

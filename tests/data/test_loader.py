@@ -249,7 +249,12 @@ def _interrupt_and_check(proc, before):
     descendants = parent.children(recursive=True)  # workers, fork server, resource tracker
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the interrupted process did not exit within 60 s\n{out}\n{err}")
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     gone, alive = psutil.wait_procs(descendants, timeout=10)
     assert not alive, alive

@@ -338,3 +338,28 @@ def test_a_worker_error_inside_fit_reaches_the_training_process():
     with FastLoader(datasets.Failing(bad=2), workers=2) as loader:
         with pytest.raises(Exception, match=r"batch index 2"):
             model.fit(loader, epochs=1, verbose=0)
+
+
+def test_a_forked_child_stopped_by_sigterm_leaves_the_parents_loaders_alone(tmp_path):
+    # Keras's own process pool forks the training process and stops its children with SIGTERM: a child
+    # must not close the parent's loaders or remove the fork server's directory (the next pool then failed).
+    script = tmp_path / "fork.py"
+    script.write_text(PRELUDE + textwrap.dedent("""
+        import multiprocessing, signal
+        from kfast.data import FastLoader
+        with FastLoader(datasets.Squares(n=4), workers=1) as loader:
+            print([int(x[0, 0]) for x, _ in loader])
+            pid = os.fork()
+            if pid == 0:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            print("child:", os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM,
+                  "dir:", os.path.isdir(multiprocessing.util.get_temp_dir()))
+            print([int(x[0, 0]) for x, _ in loader])
+        with FastLoader(datasets.Squares(n=3), workers=1) as again:
+            print([int(x[0, 0]) for x, _ in again])
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:4] == ["[0, 1, 2, 3]", "child: True dir: True", "[0, 1, 2, 3]", "[0, 1, 2]"]

@@ -29,7 +29,7 @@ def build_model():
 
 REPORT = '''
 import json, numpy as np
-from kfast import checkpoint
+from kfast.distributed import checkpoint
 inner = model.optimizer.inner_optimizer
 with open(f"report-rank{kfast.distributed.rank()}.json", "w") as f:
     json.dump({"initial_epoch": initial_epoch, "size": kfast.distributed.size(),

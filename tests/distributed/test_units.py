@@ -8,7 +8,7 @@ import pytest
 
 import kfast
 import kfast.callbacks
-from kfast import checkpoint
+from kfast.distributed import checkpoint
 from kfast.data import shard
 
 
@@ -83,6 +83,12 @@ def test_single_process_fit_with_the_standard_callbacks(tmp_path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(kfast.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="fp16"), "mse")
     history = model.fit(x, x.sum(1), epochs=3, verbose=0, validation_split=0.25,
-                        callbacks=kfast.distributed.callbacks(str(tmp_path), warmup_epochs=1))
+                        callbacks=kfast.distributed.default_callbacks(str(tmp_path), warmup_epochs=1))
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert sorted(os.listdir(tmp_path)) == ["best.keras", "epoch-0001.keras", "epoch-0002.keras", "epoch-0003.keras"]
+
+
+def test_old_callbacks_name_still_works_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match=r"now kfast.distributed.default_callbacks\(\)"):
+        old = kfast.distributed.callbacks("ckpt", warmup_epochs=0)
+    assert [type(c).__name__ for c in old] == [type(c).__name__ for c in kfast.distributed.default_callbacks("ckpt")]

@@ -104,7 +104,7 @@ def checkpointed(out, epochs, die_after=None, resume=False):
 
     xr, yr = rank_data(x, y, B)
     model.fit(xr, yr, batch_size=B, epochs=epochs, initial_epoch=initial_epoch, shuffle=False, verbose=0,
-              callbacks=distributed.callbacks(ckpt, warmup_epochs=0, monitor="loss") + [Die()])
+              callbacks=distributed.default_callbacks(ckpt, warmup_epochs=0, monitor="loss") + [Die()])
     return {"initial_epoch": initial_epoch, "state": state(model), "files": sorted(os.listdir(ckpt))}
 
 
@@ -119,7 +119,7 @@ def warmup_fit(ckpt, epochs, resume=False):
     record = RecordRates()
     xr, yr = (x, y) if distributed.size() == 1 else rank_data(x, y, B)
     model.fit(xr, yr, batch_size=len(xr) // STEPS, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
-              verbose=0, callbacks=distributed.callbacks(ckpt, warmup_epochs=WARMUP_EPOCHS, monitor="loss") + [record])
+              verbose=0, callbacks=distributed.default_callbacks(ckpt, warmup_epochs=WARMUP_EPOCHS, monitor="loss") + [record])
     return initial_epoch, record.rates, state(model)
 
 

@@ -1,4 +1,4 @@
-"""Horovod for kfast: process topology and collectives.
+"""Horovod for kfast: process topology and collectives. It imports nothing else of kfast.
 
 This is the only kfast module that imports Horovod. Everything else asks it for `rank()`, `size()`,
 `is_chief()` and calls its collectives, so the rest of kfast runs unchanged as a single process when
@@ -8,9 +8,9 @@ kfast uses the collectives of `horovod.tensorflow` (allreduce, broadcast) direct
 layer (`horovod.tensorflow.keras`) does not work with Keras 3.
 """
 
-import importlib.util
-import json
 import os
+import shutil
+import sys
 import warnings
 
 _INSTALL_HINT = (
@@ -23,6 +23,20 @@ _initialised = False
 
 def _launched_by_horovodrun():
     return "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
+def horovodrun_path():
+    """The `horovodrun` on PATH, else the one beside this Python (a virtualenv's bin/ that is not on PATH)."""
+    return shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def import_horovod():
+    """Returns `horovod.tensorflow`.
+
+    Raises:
+        ImportError: naming the install command, when Horovod (or its TensorFlow extension) cannot load.
+    """
+    return _import_horovod()
 
 
 def _import_horovod():
@@ -48,7 +62,7 @@ def init():
     Example:
 
     >>> import kfast
-    >>> kfast.distributed.init()
+    >>> kfast.distributed.init()  # doctest: +SKIP (warns when Horovod is missing)
     >>> kfast.distributed.rank(), kfast.distributed.size()
     (0, 1)
     """
@@ -129,38 +143,6 @@ def is_chief():
     return rank() == 0
 
 
-def build_info():
-    """Describes the installed Horovod without starting it.
-
-    Returns:
-        A dict with `installed` (bool), `version`, `built_for_tensorflow` (the TensorFlow version the
-        binary was compiled against), `gloo`, `mpi`, `nccl`, `cuda` (bools) and `error` (why the
-        TensorFlow extension cannot load, or None).
-    """
-    info = {"installed": False, "version": None, "built_for_tensorflow": None, "gloo": None,
-            "mpi": None, "nccl": None, "cuda": None, "error": None}
-    spec = importlib.util.find_spec("horovod")
-    if spec is None:
-        info["error"] = f"Horovod is not installed; {_INSTALL_HINT}."
-        return info
-    info["installed"] = True
-    metadata = os.path.join(list(spec.submodule_search_locations)[0], "metadata.json")
-    try:
-        with open(metadata) as f:
-            info["built_for_tensorflow"] = json.load(f).get("tensorflow")
-    except (OSError, ValueError):
-        pass
-    try:
-        hvd = _import_horovod()
-        import horovod
-
-        info["version"] = horovod.__version__
-        info.update(gloo=hvd.gloo_built(), mpi=hvd.mpi_built(), nccl=hvd.nccl_built(), cuda=hvd.cuda_built())
-    except Exception as e:  # noqa: BLE001 - any failure to load the extension is reported, not raised
-        info["error"] = f"{type(e).__name__}: {e}"
-    return info
-
-
 def allreduce_average(tensors, name=None):
     """Averages a list of tensors across ranks in one fused collective.
 
@@ -231,42 +213,3 @@ def allreduce_mean_values(values):
 def verbose(level="auto"):
     """Returns `level` on rank 0 and 0 elsewhere: `model.fit(..., verbose=kfast.distributed.verbose())`."""
     return level if is_chief() else 0
-
-
-def callbacks(checkpoint_dir=None, *, warmup_epochs=5, monitor="val_loss", keep=3, verbose=0):
-    """Returns kfast's standard distributed callbacks, in the order they must run.
-
-    BroadcastState (same start on every rank), LearningRateWarmup (linear scaling rule), MetricAverage
-    (global metrics in `logs`), and RankZeroCheckpoint when `checkpoint_dir` is given (after the
-    averaging, so "best" means best globally).
-
-    Args:
-        checkpoint_dir: where rank 0 writes checkpoints; `None` writes none. Defaults to `None`.
-        warmup_epochs: epochs of learning-rate warm-up; 0 jumps straight to the scaled rate. Defaults to `5`.
-        monitor: the value that picks `best.keras`. Defaults to `"val_loss"`.
-        keep: epoch checkpoints kept. Defaults to `3`.
-        verbose: 1 prints learning rates and saves on rank 0. Defaults to `0`.
-
-    Example:
-
-    >>> model.fit(loader, epochs=10, callbacks=kfast.distributed.callbacks("ckpt"))  # doctest: +SKIP
-    """
-    from kfast.callbacks import BroadcastState, LearningRateWarmup, MetricAverage, RankZeroCheckpoint
-
-    out = [BroadcastState(), LearningRateWarmup(warmup_epochs=warmup_epochs, verbose=verbose), MetricAverage()]
-    if checkpoint_dir:
-        out.append(RankZeroCheckpoint(checkpoint_dir, monitor=monitor, keep=keep, verbose=verbose))
-    return out
-
-
-def __getattr__(name):
-    # The optimizer and checkpoint helpers import this module, so they are reached lazily from here.
-    if name == "DistributedOptimizer":
-        from kfast.optimizer import DistributedOptimizer
-
-        return DistributedOptimizer
-    if name == "restore":
-        from kfast.checkpoint import restore
-
-        return restore
-    raise AttributeError(f"module 'kfast.distributed' has no attribute {name!r}")

@@ -13,7 +13,7 @@ import warnings
 import weakref
 import zipfile
 
-from kfast import distributed
+from kfast.distributed import _horovod as distributed
 
 _EPOCH_FILE = re.compile(r"^epoch-(\d{4,})\.keras$")
 _STATE_MEMBER = "kfast-state.json"

@@ -1,0 +1,42 @@
+"""default_callbacks: kfast's standard distributed callbacks, in the order they must run."""
+
+import warnings
+
+
+def default_callbacks(checkpoint_dir=None, *, warmup_epochs=5, monitor="val_loss", keep=3, verbose=0):
+    """Returns kfast's standard distributed callbacks, in the order they must run.
+
+    BroadcastState (same start on every rank), LearningRateWarmup (linear scaling rule), MetricAverage
+    (global metrics in `logs`), and RankZeroCheckpoint when `checkpoint_dir` is given (after the
+    averaging, so "best" means best globally).
+
+    Args:
+        checkpoint_dir: where rank 0 writes checkpoints; `None` writes none. Defaults to `None`.
+        warmup_epochs: epochs of learning-rate warm-up; 0 uses the scaled rate from the first batch.
+            Defaults to `5`.
+        monitor: the value that picks `best.keras`. Defaults to `"val_loss"`.
+        keep: epoch checkpoints kept. Defaults to `3`.
+        verbose: 1 prints learning rates and saves on rank 0. Defaults to `0`.
+
+    Returns:
+        A list of Keras callbacks for `model.fit(..., callbacks=...)`.
+
+    Example:
+
+    >>> import kfast
+    >>> [type(c).__name__ for c in kfast.distributed.default_callbacks("ckpt")]
+    ['BroadcastState', 'LearningRateWarmup', 'MetricAverage', 'RankZeroCheckpoint']
+    """
+    from kfast.callbacks import BroadcastState, LearningRateWarmup, MetricAverage, RankZeroCheckpoint
+
+    out = [BroadcastState(), LearningRateWarmup(warmup_epochs=warmup_epochs, verbose=verbose), MetricAverage()]
+    if checkpoint_dir:
+        out.append(RankZeroCheckpoint(checkpoint_dir, monitor=monitor, keep=keep, verbose=verbose))
+    return out
+
+
+def callbacks(checkpoint_dir=None, **kwargs):
+    """Deprecated name of `default_callbacks` (it read like the `kfast.callbacks` package); kept one release."""
+    warnings.warn("kfast.distributed.default_callbacks() is now kfast.distributed.default_callbacks(); the old name goes "
+                  "in the next release.", DeprecationWarning, stacklevel=2)
+    return default_callbacks(checkpoint_dir, **kwargs)
