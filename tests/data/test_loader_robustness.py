@@ -97,6 +97,13 @@ def test_a_stalled_batch_warns_with_the_same_facts(monkeypatch):
             assert _ids(loader) == [0, 1, 2]
 
 
+def _start_script(path, body):
+    """Writes PRELUDE + `body` to `path` and starts it, its output piped."""
+    path.write_text(PRELUDE + textwrap.dedent(body))
+    return subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+
+
 def _children(pid):
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -108,16 +115,13 @@ def _children(pid):
 def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(tmp_path):
     shm, pymp = _shm_segments(), _pymp_dirs()
     marker = tmp_path / "stuck"
-    script = tmp_path / "train.py"
-    script.write_text(PRELUDE + textwrap.dedent(f"""
+    proc = _start_script(tmp_path / "train.py", f"""
         import keras
         from kfast.data import FastLoader
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
         model.compile("sgd", "mse")
         model.fit(FastLoader(datasets.Stuck(n=20, stuck=5, marker={str(marker)!r}), workers=2), epochs=3, verbose=0)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV)
+    """)
     try:
         _wait_for(marker, proc)
         descendants = _children(proc.pid)
@@ -140,13 +144,10 @@ def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(tmp
 def test_killed_trainer_leaves_no_workers_segments_or_temp_dirs(tmp_path):
     shm, pymp = _shm_segments(), _pymp_dirs()
     marker = tmp_path / "stuck"
-    script = tmp_path / "load.py"
-    script.write_text(PRELUDE + textwrap.dedent(f"""
+    proc = _start_script(tmp_path / "load.py", f"""
         from kfast.data import FastLoader
         print(list(FastLoader(datasets.Stuck(n=8, stuck=4, marker={str(marker)!r}), workers=2)))
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV)
+    """)
     try:
         _wait_for(marker, proc)
         descendants = _children(proc.pid)
