@@ -104,7 +104,7 @@ def _shutdown(processes, conns, state):
         if p.is_alive():
             p.kill()
             p.join(timeout=2)
-    for conn in conns:
+    for conn in conns + state["stacks"]:
         conn.close()
     if "lifeline" in state:
         state.pop("lifeline").close()
@@ -168,12 +168,12 @@ class ProcessPool:
                 "(open them lazily in __getitem__), or pass use_multiprocessing=False to use threads."
             ) from e
         self._slots, self._timeout = slots, timeout
-        self._state = {"rings": []}
+        self._state = {"rings": [], "stacks": []}
         self._ring = self._make_ring(slot_bytes)
         ring = (self._ring.name, self._ring.slot_bytes) if self._ring else (None, 0)
         self._busy = {}  # seq -> (ring, slot) for tasks in flight that were lent a slot
         ctx = _context(dataset)
-        self._processes, self._conns, self._stacks = [], [], []
+        self._processes, self._conns, self._stacks = [], [], self._state["stacks"]
         lifeline_read, self._state["lifeline"] = ctx.Pipe(duplex=False)
         self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._state)
         for i in range(workers):

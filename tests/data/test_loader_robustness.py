@@ -364,3 +364,4 @@ def test_a_forked_child_stopped_by_sigterm_leaves_the_parents_loaders_alone(tmp_
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=ENV)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:4] == ["[0, 1, 2, 3]", "child: True dir: True", "[0, 1, 2, 3]", "[0, 1, 2]"]
+
