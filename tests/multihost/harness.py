@@ -37,6 +37,8 @@ import time
 from procs import HOST_DIR, PREFIX, clean_leftovers, die_with_parent, is_zombie, kill_all, netns_inode
 from procs import pids_in_netns, start_time
 
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 SUBNET = "127.0.100"
 ETC_DIR = "/mnt/kfmh-etc"  # the run's keys and configs, read-only on every host
 _HOLD_S = 3600  # holders exit on their own after this, whatever happens to the test process
@@ -220,6 +222,14 @@ class Cluster:
         os.makedirs(home_horovod, exist_ok=True)
         ssh_dir = os.path.expanduser("~/.ssh")
         hide_ssh = f"mkdir -p {here}/.ssh && mount --bind {here}/.ssh {ssh_dir}" if os.path.isdir(ssh_dir) else "true"
+        # Every host gets a private /tmp; a checkout (and its .venv) under /tmp, as a CI clone may be, must stay
+        # visible at the same path: it is held at /mnt/kfmh-keep-N and bound back over the new /tmp.
+        keep = sorted({p for p in (_REPO, os.path.realpath(sys.prefix)) if p.startswith("/tmp/")})
+        keep = [p for p in keep if not any(p != q and p.startswith(q + "/") for q in keep)]
+        hold = "; ".join(f"mkdir -p /mnt/kfmh-keep-{i} && mount --bind {p} /mnt/kfmh-keep-{i}"
+                         for i, p in enumerate(keep)) or "true"
+        restore = "; ".join(f"mkdir -p {p} && mount --bind /mnt/kfmh-keep-{i} {p}"
+                            for i, p in enumerate(keep)) or "true"
         self._sh(name, f"""
             hostname {name}
             mount -t tmpfs -o size=16m,mode=755 kfmh-mnt /mnt
@@ -232,7 +242,9 @@ class Cluster:
             mount --bind {here}/.horovod {home_horovod}
             {hide_ssh}
             mount -t tmpfs -o size=512m kfmh-shm /dev/shm
+            {hold}
             mount -t tmpfs -o size=512m kfmh-tmp /tmp
+            {restore}
             mount -t tmpfs -o size=16m,mode=755 kfmh-run /run
             mkdir -m 755 /run/sshd
             ip link set lo up
