@@ -3,12 +3,16 @@
 import time
 
 import keras
+from kfast.checks import check_number
 from kfast.messages import print_msg
 
 from kfast import distributed
+from kfast.tuner import tune
 
 # The clock, a module attribute so tests can script time without touching the signature.
 _clock = time.perf_counter
+# The tuning function, a module attribute so tests can script results without touching the signature.
+_tune = tune
 
 
 class AutoTune(keras.callbacks.Callback):
@@ -24,29 +28,32 @@ class AutoTune(keras.callbacks.Callback):
         threshold: input-wait fraction that triggers re-tuning. Defaults to `0.2`.
         budget_s: seconds each tuning may take. Defaults to `30`.
         verbose: 1 prints what changed (rank 0). Defaults to `1`.
-        tuner: the tuning function, for tests. Defaults to `None`: `kfast.tune`.
 
     Example:
 
-    >>> loader = kfast.data.FastLoader(dataset)  # doctest: +SKIP
-    >>> model.fit(loader, epochs=10, callbacks=[kfast.callbacks.AutoTune(loader)])  # doctest: +SKIP
+    >>> import keras, numpy as np, kfast.callbacks
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> data = kfast.data.ArrayDataset(np.ones((64, 4)), np.ones(64), batch_size=16)
+    >>> with kfast.data.FastLoader(data) as loader:
+    ...     tuner = kfast.callbacks.AutoTune(loader, budget_s=1, verbose=0)
+    ...     history = model.fit(loader, epochs=2, verbose=0, callbacks=[tuner])
+    >>> tuner.changes[0]["reason"]
+    'before training'
     """
 
-    def __init__(self, loader, threshold=0.2, budget_s=30, verbose=1, tuner=None):
+    def __init__(self, loader, threshold=0.2, budget_s=30, verbose=1):
         super().__init__()
         if not hasattr(loader, "configure"):
             raise ValueError(f"AutoTune got {type(loader).__name__}; it tunes a kfast.data.FastLoader.")
-        if not 0 < threshold < 1:
-            raise ValueError(f"AutoTune got threshold={threshold!r}; it must be a fraction between 0 and 1.")
+        check_number("AutoTune", "threshold", threshold, above=0, below=1, hint="a fraction of the epoch")
+        check_number("AutoTune", "budget_s", budget_s, above=0, unit="seconds", hint="e.g. budget_s=30")
         self.loader, self.threshold, self.budget_s, self.verbose = loader, threshold, budget_s, verbose
-        if tuner is None:
-            from kfast.tuner import tune as tuner
-        self._tune = tuner
         self.changes = []
 
     def _apply(self, reason, force):
         before = self.loader.settings
-        result = self._tune(self.loader.dataset, budget_s=self.budget_s, force=force)
+        result = _tune(self.loader.dataset, budget_s=self.budget_s, force=force)
         self.loader.configure(**result.settings)
         after = self.loader.settings
         self.changes.append({"reason": reason, "before": before, "after": after})

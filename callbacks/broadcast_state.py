@@ -4,6 +4,7 @@ import warnings
 
 import keras
 
+from kfast.checks import check_int
 from kfast import distributed
 
 
@@ -22,13 +23,18 @@ class BroadcastState(keras.callbacks.Callback):
 
     Example:
 
-    >>> model.fit(loader, callbacks=[kfast.callbacks.BroadcastState()])  # doctest: +SKIP
+    >>> import keras, numpy as np, kfast.callbacks
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> data = kfast.data.ArrayDataset(np.ones((64, 4)), np.ones(64), batch_size=16)
+    >>> history = model.fit(data, epochs=1, verbose=0, callbacks=[kfast.callbacks.BroadcastState()])
+    >>> len(history.history["loss"])
+    1
     """
 
     def __init__(self, root_rank=0):
         super().__init__()
-        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
-            raise ValueError(f"BroadcastState got root_rank={root_rank!r}; it must be a rank, an int >= 0.")
+        check_int("BroadcastState", "root_rank", root_rank, least=0, hint="a rank")
         self.root_rank = root_rank
         self._warned = False
 

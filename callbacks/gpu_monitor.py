@@ -7,6 +7,7 @@ import warnings
 
 import keras
 
+from kfast.checks import check_number
 from kfast import callback_order
 from kfast import distributed
 from kfast import gpu_sampling
@@ -33,15 +34,21 @@ class GPUMonitor(keras.callbacks.Callback):
 
     Example:
 
-    >>> model.fit(loader, callbacks=[kfast.callbacks.GPUMonitor()])  # doctest: +SKIP
+    >>> import keras, numpy as np, kfast.callbacks
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> data = kfast.data.ArrayDataset(np.ones((64, 4)), np.ones(64), batch_size=16)
+    >>> monitor = kfast.callbacks.GPUMonitor(sampler=lambda: (40.0, 2**30))  # without sampler=: NVML
+    >>> history = model.fit(data, epochs=1, verbose=0, callbacks=[monitor])
+    >>> history.history["gpu_util_mean"], history.history["gpu_mem_used_max"]
+    ([40.0], [1073741824])
     """
 
     _writes_epoch_logs = True  # kfast.callback_order.run_first puts it ahead of the loggers
 
     def __init__(self, interval=0.1, sampler=None):
         super().__init__()
-        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval <= 0:
-            raise ValueError(f"GPUMonitor got interval={interval!r}; it must be a number of seconds > 0.")
+        check_number("GPUMonitor", "interval", interval, above=0, unit="seconds")
         self.interval = interval
         self._sampler = sampler
         self._thread = None

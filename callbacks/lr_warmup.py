@@ -1,8 +1,8 @@
 """LearningRateWarmup: the linear scaling rule with gradual warm-up (Goyal et al., 2017)."""
 
-import math
 
 import keras
+from kfast.checks import check_number
 from kfast.messages import print_msg
 
 from kfast.distributed import checkpoint
@@ -50,14 +50,10 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
     def __init__(self, initial_lr=None, warmup_epochs=5, multiplier=None, steps_per_epoch=None, verbose=0):
         super().__init__()
-        if (not isinstance(warmup_epochs, (int, float)) or isinstance(warmup_epochs, bool)
-                or not math.isfinite(warmup_epochs) or warmup_epochs < 0):
-            raise ValueError(f"LearningRateWarmup got warmup_epochs={warmup_epochs!r}; it must be a number >= 0.")
-        for name, value in (("initial_lr", initial_lr), ("multiplier", multiplier)):
-            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                                      or not math.isfinite(value) or value <= 0):
-                raise ValueError(f"LearningRateWarmup got {name}={value!r}; it must be a finite number > 0 "
-                                 "(or None for the default).")
+        check_number("LearningRateWarmup", "warmup_epochs", warmup_epochs, least=0, unit="epochs")
+        check_number("LearningRateWarmup", "initial_lr", initial_lr, above=0,
+                     or_none="for the optimizer's rate when training begins")
+        check_number("LearningRateWarmup", "multiplier", multiplier, above=0, or_none="for the number of ranks")
         self.initial_lr = initial_lr
         self.warmup_epochs = warmup_epochs
         self.multiplier = multiplier

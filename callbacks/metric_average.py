@@ -15,7 +15,15 @@ class MetricAverage(keras.callbacks.Callback):
 
     Example:
 
-    >>> model.fit(loader, callbacks=[kfast.callbacks.MetricAverage(), keras.callbacks.CSVLogger("log.csv")])  # doctest: +SKIP
+    >>> import keras, numpy as np, kfast.callbacks
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> data = kfast.data.ArrayDataset(np.ones((64, 4)), np.ones(64), batch_size=16)
+    >>> logger = keras.callbacks.CSVLogger("log.csv")
+    >>> _ = model.fit(data, epochs=1, verbose=0, callbacks=[kfast.callbacks.MetricAverage(), logger])
+    >>> with open("log.csv") as f:
+    ...     f.readline().strip()
+    'epoch,loss,val_loss'
     """
 
     def on_epoch_end(self, epoch, logs=None):

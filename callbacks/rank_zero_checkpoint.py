@@ -6,6 +6,7 @@ import tempfile
 import warnings
 
 import keras
+from kfast.checks import check_int, check_number
 from kfast.messages import print_msg
 
 from kfast.distributed import checkpoint
@@ -66,11 +67,9 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         super().__init__()
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"RankZeroCheckpoint got mode={mode!r}; use 'auto', 'min' or 'max'.")
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"RankZeroCheckpoint got keep={keep!r}; it must be a positive int.")
-        if initial_value_threshold is not None and not math.isfinite(initial_value_threshold):
-            raise ValueError(f"RankZeroCheckpoint got initial_value_threshold={initial_value_threshold!r}; it "
-                             "must be a finite number or None.")
+        check_int("RankZeroCheckpoint", "keep", keep, hint="the newest epochs kept, besides the best")
+        check_number("RankZeroCheckpoint", "initial_value_threshold", initial_value_threshold,
+                     or_none="to save the first epoch's model as the best")
         self.directory, self.monitor, self.mode, self.keep, self.verbose = directory, monitor, mode, keep, verbose
         self.initial_value_threshold = initial_value_threshold
 
@@ -108,6 +107,10 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
             os.makedirs(self.directory, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".write-check-"):
                 pass
+            removed = checkpoint.remove_partial(self.directory)
+            if removed and self.verbose:
+                print_msg(f"RankZeroCheckpoint: removed {len(removed)} partial file(s) of a save that was "
+                          f"killed halfway: {', '.join(removed)}")
         except OSError as e:
             return (f"RankZeroCheckpoint cannot write to {self.directory!r} ({e.strerror or e}); pass a directory "
                     "rank 0 can write (checked before training, so no epoch is lost).")

@@ -32,8 +32,14 @@ class ThroughputMonitor(keras.callbacks.Callback):
 
     Example:
 
-    >>> loader = kfast.data.FastLoader(dataset)  # doctest: +SKIP
-    >>> model.fit(loader, callbacks=[kfast.callbacks.ThroughputMonitor(loader)])  # doctest: +SKIP
+    >>> import keras, numpy as np, kfast.callbacks
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> data = kfast.data.ArrayDataset(np.ones((64, 4)), np.ones(64), batch_size=16)
+    >>> with kfast.data.FastLoader(data, use_multiprocessing=False) as loader:
+    ...     history = model.fit(loader, verbose=0, callbacks=[kfast.callbacks.ThroughputMonitor(loader)])
+    >>> sorted(key for key in history.history if key != "loss")
+    ['input_wait_fraction', 'samples_per_second', 'step_time', 'steps_per_second']
     """
 
     _writes_epoch_logs = True  # kfast.callback_order.run_first puts it ahead of the loggers

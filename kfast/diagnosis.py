@@ -34,7 +34,7 @@ class Diagnosis:
     """
 
     def __init__(self, times, batch_size, gpu=None, gpu_reason=None, gpu_timeline=None, phases=None,
-                 epoch_starts=None, data_kind="dataset", workers=None, cpus=None):
+                 epoch_starts=None, data_kind="dataset", workers=None):
         self.times = {k: [float(t) for t in v] for k, v in times.items()}
         self.batch_size = batch_size
         self.gpu, self.gpu_reason, self.gpu_timeline = gpu, gpu_reason, gpu_timeline or []
@@ -51,7 +51,7 @@ class Diagnosis:
             self.verdict = COMPUTE_BOUND
         else:
             self.verdict = BALANCED
-        self.recommendations = self._recommend(t_in, t_comp, data_kind, workers, cpus or os.cpu_count() or 1)
+        self.recommendations = self._recommend(t_in, t_comp, data_kind, workers, len(os.sched_getaffinity(0)))
 
     def _recommend(self, t_in, t_comp, data_kind, workers, cpus):
         b = self.batch_size

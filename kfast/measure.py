@@ -7,6 +7,7 @@ import time
 import keras
 import numpy as np
 
+from kfast.checks import check_int
 from kfast import gpu_sampling
 from kfast import nvml
 from kfast.diagnosis import Diagnosis
@@ -115,13 +116,16 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
 
     Example:
 
-    >>> d = kfast.diagnose(model, kfast.data.FastLoader(dataset), steps=30)  # doctest: +SKIP
-    >>> print(d)  # doctest: +SKIP
+    >>> import keras, numpy as np, kfast
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> data = kfast.data.ArrayDataset(np.ones((64, 4)), np.ones(64), batch_size=16)
+    >>> d = kfast.diagnose(model, data, steps=4, warmup=1)  # print(d) shows the verdict and what to change
+    >>> d.verdict in ("input-bound", "compute-bound", "balanced"), d.batch_size
+    (True, 16)
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"diagnose got steps={steps!r}; it must be a positive int (timed batches per phase).")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"diagnose got warmup={warmup!r}; it must be an int >= 0.")
+    check_int("diagnose", "steps", steps, hint="timed batches per phase")
+    check_int("diagnose", "warmup", warmup, least=0, hint="untimed batches before each phase")
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ValueError("diagnose needs a compiled model: call model.compile(optimizer, loss) first.")
     total = warmup + steps

@@ -77,6 +77,8 @@ def list_gpus():
 
     Example:
 
+    On a machine with an NVIDIA GPU and its driver (so not run as a doctest here):
+
     >>> for gpu in kfast.nvml.list_gpus():  # doctest: +SKIP
     ...     print(gpu["index"], gpu["name"], gpu["utilization_percent"])
     """
@@ -107,6 +109,8 @@ class Sampler:
         NvmlUnavailable: when NVML cannot be used or the index does not exist.
 
     Example:
+
+    On a machine with an NVIDIA GPU and its driver (so not run as a doctest here):
 
     >>> sample = kfast.nvml.Sampler(0)  # doctest: +SKIP
     >>> utilization_percent, memory_used_bytes = sample()  # doctest: +SKIP

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from kfast.checks import check_int
 from kfast.distributed import _horovod as distributed
 
 _COMPRESSIONS = (None, "fp16")
@@ -32,9 +33,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     Example:
 
-    >>> kfast.distributed.init()
-    >>> opt = kfast.distributed.DistributedOptimizer(keras.optimizers.SGD(0.01 * kfast.distributed.size()))
-    >>> model.compile(opt, "mse", jit_compile=False)  # doctest: +SKIP
+    In a script started by `horovodrun`, after `kfast.distributed.init()`:
+
+    >>> import keras, kfast
+    >>> opt = kfast.DistributedOptimizer(keras.optimizers.SGD(0.01 * kfast.distributed.size()))
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile(opt, "mse", jit_compile=False)
+    >>> type(opt.inner_optimizer).__name__
+    'SGD'
     """
 
     def __init__(self, optimizer, *, compression=None, backward_passes_per_step=1, name=None):
@@ -42,10 +48,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise ValueError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer; got {type(optimizer).__name__}.")
         if compression not in _COMPRESSIONS:
             raise ValueError(f"DistributedOptimizer got compression={compression!r}; use None or 'fp16'.")
-        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-                or backward_passes_per_step < 1:
-            raise ValueError(f"DistributedOptimizer got backward_passes_per_step={backward_passes_per_step!r}; "
-                             "it must be a positive int (1 applies every batch).")
+        check_int("DistributedOptimizer", "backward_passes_per_step", backward_passes_per_step,
+                  hint="1 applies every batch")
         super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
         self.inner_optimizer = optimizer
         self.compression = compression

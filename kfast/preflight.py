@@ -189,6 +189,8 @@ def check(names, directory=None, python=None):
 
     Example:
 
+    With hosts that answer ssh (so not run as a doctest here):
+
     >>> result = kfast.preflight.check(["host1", "host2"])  # doctest: +SKIP
     >>> print("\\n".join(kfast.preflight.problem_lines(result)))  # doctest: +SKIP
     """

@@ -1,10 +1,9 @@
 """`kfast.tune` (defined here): pick FastLoader's workers, processes or threads, and queue depth by measuring."""
 
-import math
-import numbers
 import os
 import time
 
+from kfast.checks import check_int, check_number
 from kfast import tune_cache
 from kfast.data.loader import FastLoader
 
@@ -46,7 +45,7 @@ class TuneResult:
         return "\n".join(lines + [f"chosen: {self.settings}, {self.batches_per_s:.1f} batches/s{source}"])
 
 
-def measure_loader(dataset, workers, use_multiprocessing, max_queue_size, seconds=1.0, warmup=None):
+def measure_loader(dataset, workers, use_multiprocessing, max_queue_size, seconds=1.0):
     """Batches/s of a FastLoader with these settings, after start-up and a warm-up of one queue's worth."""
     with FastLoader(dataset, workers=workers, use_multiprocessing=use_multiprocessing,
                     max_queue_size=max_queue_size) as loader:
@@ -62,7 +61,7 @@ def measure_loader(dataset, workers, use_multiprocessing, max_queue_size, second
                 stream = iter(loader)
                 return next(stream)
 
-        for _ in range(warmup if warmup is not None else max(2, max_queue_size)):
+        for _ in range(max(2, max_queue_size)):
             next_batch()
         start = time.perf_counter()
         while done < 3 or (time.perf_counter() - start < seconds and done < 20 * n):
@@ -71,7 +70,9 @@ def measure_loader(dataset, workers, use_multiprocessing, max_queue_size, second
         return done / (time.perf_counter() - start)
 
 
-def _search(measure, max_workers, target, budget_s, clock, progress):
+def _search(measure, max_workers, *, target=None, budget_s=30, clock=time.monotonic, progress=None):
+    """Runs the search with `measure(workers, use_multiprocessing, max_queue_size) -> batches/s` and
+    returns the `TuneResult`; `tune` passes real FastLoader bursts, tests pass scripted rates and clocks."""
     trials = []
     start = clock()
 
@@ -108,7 +109,8 @@ def _search(measure, max_workers, target, budget_s, clock, progress):
     if not out_of_time() and not done(best["batches_per_s"]):
         trial(best["workers"], best["use_multiprocessing"], 4 * best["workers"])  # a deeper queue
         best = _choose(trials)
-    return best, trials
+    return TuneResult(best["workers"], best["use_multiprocessing"], best["max_queue_size"], best["batches_per_s"],
+                      trials)
 
 
 def _choose(trials):
@@ -119,8 +121,7 @@ def _choose(trials):
     return min(good, key=lambda t: (t["workers"], t["max_queue_size"], -t["batches_per_s"]))
 
 
-def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, force=False, measure=None,
-         clock=time.monotonic, progress=None):
+def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, force=False, progress=None):
     """Finds the fastest FastLoader settings for `dataset` on this machine, by measuring.
 
     Tries threads, then processes, with 1, 2, 4, ... workers (up to `max_workers`), each in a short burst
@@ -137,9 +138,6 @@ def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, f
         max_workers: the most workers to try. Defaults to `None`: twice the usable CPU cores.
         target_batches_per_s: stop once this rate is reached. Defaults to `None`.
         force: measure even when a cached result exists. Defaults to `False`.
-        measure: `measure(workers, use_multiprocessing, max_queue_size) -> batches/s`, for tests. Defaults
-            to `None`: real FastLoader bursts.
-        clock: time source for the budget, for tests. Defaults to `time.monotonic`.
         progress: called with each trial's dict as it finishes. Defaults to `None`.
 
     Returns:
@@ -151,39 +149,34 @@ def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, f
 
     Example:
 
-    >>> result = kfast.tune(dataset, budget_s=20)  # doctest: +SKIP
-    >>> model.fit(result.loader(dataset), epochs=5)  # doctest: +SKIP
+    >>> import numpy as np, kfast
+    >>> data = kfast.data.ArrayDataset(np.zeros((64, 4)), np.zeros(64), batch_size=8)
+    >>> result = kfast.tune(data, budget_s=1, max_workers=1)
+    >>> sorted(result.settings)
+    ['max_queue_size', 'use_multiprocessing', 'workers']
+    >>> with result.loader(data) as loader:  # pass this loader to model.fit
+    ...     len(loader)
+    8
     """
-    if (not isinstance(budget_s, numbers.Real) or isinstance(budget_s, bool) or not math.isfinite(budget_s)
-            or budget_s <= 0):
-        raise ValueError(f"tune got budget_s={budget_s!r}; it must be a finite number of seconds > 0, "
-                         "e.g. budget_s=30.")
+    check_number("tune", "budget_s", budget_s, above=0, unit="seconds", hint="e.g. budget_s=30")
     cpus = len(os.sched_getaffinity(0))
     # Validated before defaulting: only None means "the default"; 0 is a mistake, not a request for it.
-    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
-                                    or max_workers < 1):
-        raise ValueError(f"tune got max_workers={max_workers!r}; it must be a positive int, or None for twice "
-                         f"the usable CPU cores ({2 * cpus}).")
+    check_int("tune", "max_workers", max_workers, or_none=f"for twice the usable CPU cores ({2 * cpus})")
     if max_workers is None:
         max_workers = 2 * cpus
-    key = None
-    if measure is None:
-        key = tune_cache.signature(dataset)
-        # An explicit max_workers above 4x the cores is honoured; a cached count beyond both is not tune's.
-        cached = None if force else tune_cache.load(key, most_workers=max(max_workers, 4 * cpus))
-        # A result measured with a larger max_workers breaks this call's limit: measure within it instead.
-        if cached and cached["workers"] <= max_workers:
-            return TuneResult(cached["workers"], cached["use_multiprocessing"], cached["max_queue_size"],
-                              cached["batches_per_s"], cached["trials"], from_cache=True)
-        # Each burst is at most a tenth of the budget, so the search fits it.
-        burst = max(0.3, min(2.0, budget_s / 10))
+    key = tune_cache.signature(dataset)
+    # An explicit max_workers above 4x the cores is honoured; a cached count beyond both is not tune's.
+    cached = None if force else tune_cache.load(key, most_workers=max(max_workers, 4 * cpus))
+    # A result measured with a larger max_workers breaks this call's limit: measure within it instead.
+    if cached and cached["workers"] <= max_workers:
+        return TuneResult(cached["workers"], cached["use_multiprocessing"], cached["max_queue_size"],
+                          cached["batches_per_s"], cached["trials"], from_cache=True)
+    # Each burst is at most a tenth of the budget, so the search fits it.
+    burst = max(0.3, min(2.0, budget_s / 10))
 
-        def measure(workers, processes, queue):
-            return measure_loader(dataset, workers, processes, queue, seconds=burst)
+    def measure(workers, processes, queue):
+        return measure_loader(dataset, workers, processes, queue, seconds=burst)
 
-    best, trials = _search(measure, max_workers, target_batches_per_s, budget_s, clock, progress)
-    result = TuneResult(best["workers"], best["use_multiprocessing"], best["max_queue_size"],
-                        best["batches_per_s"], trials)
-    if key is not None:
-        tune_cache.store(key, result.to_dict())
+    result = _search(measure, max_workers, target=target_batches_per_s, budget_s=budget_s, progress=progress)
+    tune_cache.store(key, result.to_dict())
     return result

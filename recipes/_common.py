@@ -5,6 +5,7 @@ import importlib.util
 import os
 
 import keras
+import numpy as np
 
 from kfast import distributed
 
@@ -76,6 +77,32 @@ def tensorboard_dir(args):
     if not _have_tensorboard():
         return None
     return os.path.join(os.path.dirname(os.path.normpath(args.checkpoint_dir)), "tensorboard")
+
+
+def split_rows(n, args, *, fraction=1 / 8, ranks=None):
+    """Shuffled `(train_rows, val_rows)` of `n` samples, the same on every rank (seeded by `--seed`).
+
+    `fraction` of the samples validate, but at least one batch per rank, so that every rank has a
+    validation batch; training needs one batch per rank too, and too few samples for both is an error
+    that says how many are needed.
+    """
+    ranks = ranks or distributed.size()
+    per_step = args.batch_size * ranks
+    n_val = max(per_step, int(n * fraction))
+    if n - n_val < per_step:
+        raise ValueError(f"{n} samples are too few to split into training and validation with --batch-size "
+                         f"{args.batch_size} on {ranks} rank(s): each part needs at least {per_step} (a batch per "
+                         f"rank). Add data, or pass a smaller --batch-size.")
+    order = np.random.default_rng(args.seed).permutation(n)
+    return order[n_val:], order[:n_val]
+
+
+def array_datasets(x, y, train_rows, val_rows, args):
+    """Training (shuffled per epoch) and validation `ArrayDataset`s over the rows `split_rows` chose."""
+    from kfast.data import ArrayDataset
+
+    train = ArrayDataset(x[train_rows], y[train_rows], batch_size=args.batch_size, shuffle=True, seed=args.seed)
+    return train, ArrayDataset(x[val_rows], y[val_rows], batch_size=args.batch_size)
 
 
 def loader_for(dataset, args, *, shuffle=True, like=None):

@@ -216,15 +216,6 @@ class ImageFolder(keras.utils.PyDataset):
         return np.stack(images), np.array(labels, dtype="int32")
 
 
-def split(folder, val_fraction=0.2, seed=0):
-    """Splits an ImageFolder's files into training and validation folders of the same classes."""
-    order = np.random.default_rng(seed).permutation(len(folder.files))
-    n_val = max(1, int(len(order) * val_fraction))
-    val = [folder.files[i] for i in order[:n_val]]
-    train = [folder.files[i] for i in order[n_val:]]
-    return train, val
-
-
 def write_sample(directory, classes=4, per_class=24, size=32, seed=0):
     """Writes `per_class` PNG images for each of `classes` classes under directory/<class>/."""
     from PIL import Image
@@ -270,7 +261,8 @@ def build(args):
             shown = ", ".join(folder.skipped[:3]) + (", ..." if len(folder.skipped) > 3 else "")
             print(f"--skip-bad-files: skipped {len(folder.skipped)} of {len(folder.skipped) + len(folder.files)} "
                   f"image(s) that cannot be read: {shown}", flush=True)
-        train_files, val_files = split(folder, seed=args.seed)
+        train_rows, val_rows = _common.split_rows(len(folder.files), args, fraction=0.2)
+        train_files, val_files = [folder.files[i] for i in train_rows], [folder.files[i] for i in val_rows]
         skip = args.skip_bad_files
         train = ImageFolder(args.data, args.batch_size, args.image_size, augment=True, seed=args.seed,
                             files=train_files, skip_bad_files=skip)

@@ -142,20 +142,15 @@ def write_sample(path, samples=512, features=8, seed=0):
 
 
 def build(args):
-    from kfast import distributed
-    from kfast.data import ArrayDataset
     from kfast.recipes import _common
 
     x, y = read(args.data) if args.data else synthetic(args.samples, args.features, args.seed)
-    order = np.random.default_rng(args.seed).permutation(len(x))
-    n_val = max(args.batch_size * distributed.size(), len(x) // 8)  # a batch per rank at least
-    val_rows, train_rows = order[:n_val], order[n_val:]
+    train_rows, val_rows = _common.split_rows(len(x), args)
     # Standardise with training statistics only.
     mean, std = x[train_rows].mean(axis=0), x[train_rows].std(axis=0) + 1e-6
     x = (x - mean) / std
     classes = int(y.max()) + 1
-    train = ArrayDataset(x[train_rows], y[train_rows], batch_size=args.batch_size, shuffle=True, seed=args.seed)
-    val = ArrayDataset(x[val_rows], y[val_rows], batch_size=args.batch_size)
+    train, val = _common.array_datasets(x, y, train_rows, val_rows, args)
     net = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(64, activation="relu"),
                             keras.layers.Dense(64, activation="relu"), keras.layers.Dense(classes)], name="mlp")
     return _common.assemble(net, train, val, args)

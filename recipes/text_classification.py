@@ -97,8 +97,6 @@ def write_sample(directory, per_class=100, seed=0):
 
 
 def build(args):
-    from kfast import distributed
-    from kfast.data import ArrayDataset
     from kfast.recipes import _common
 
     if args.data:
@@ -108,10 +106,7 @@ def build(args):
         names = _WORDS[:3]
     x = np.array([tokenize(d, args.vocab, args.length) for d in docs], dtype="int32")
     y = np.array(labels, dtype="int32")
-    order = np.random.default_rng(args.seed).permutation(len(x))
-    n_val = max(args.batch_size * distributed.size(), len(x) // 8)  # a batch per rank at least
-    train = ArrayDataset(x[order[n_val:]], y[order[n_val:]], batch_size=args.batch_size, shuffle=True, seed=args.seed)
-    val = ArrayDataset(x[order[:n_val]], y[order[:n_val]], batch_size=args.batch_size)
+    train, val = _common.array_datasets(x, y, *_common.split_rows(len(x), args), args)
     net = keras.Sequential([keras.Input((args.length,), dtype="int32"), keras.layers.Embedding(args.vocab, 32),
                             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(32, activation="relu"),
                             keras.layers.Dense(len(names))], name="bag_of_embeddings")

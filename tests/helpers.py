@@ -17,6 +17,19 @@ def _horovodrun():
     return horovodrun_path()
 
 
+def job_output(cmd, start, *, timeout, expect_fail=False):
+    """Runs a job through `start()` (a `subprocess.run` of `cmd` with captured text output) and returns
+    stdout + stderr; fails the test on the timeout, or on a non-zero exit (a zero one with expect_fail)."""
+    try:
+        proc = start()
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s\n{e.stdout}\n{e.stderr}")
+    output = proc.stdout + proc.stderr
+    if (proc.returncode != 0) != expect_fail:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{output}")
+    return output
+
+
 @pytest.fixture
 def horovodrun():
     """Runs `horovodrun -np N -H localhost:N --gloo python SCRIPT ARGS...` and returns its output.
@@ -29,15 +42,9 @@ def horovodrun():
         cmd = [_horovodrun(), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
                sys.executable, os.path.join(REPO, script), *map(str, args)]
         full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                                  cwd=cwd, start_new_session=True)
-        except subprocess.TimeoutExpired as e:
-            pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n{e.stdout}\n{e.stderr}")
-        output = proc.stdout + proc.stderr
-        if (proc.returncode != 0) != expect_fail:
-            pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{output}")
-        return output
+        return job_output(cmd, lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                                      env=full_env, cwd=cwd, start_new_session=True),
+                          timeout=timeout, expect_fail=expect_fail)
 
     return run
 

@@ -10,6 +10,7 @@ import kfast
 import kfast.callbacks
 from helpers import REPO
 from kfast import tune_cache
+from kfast import tuner
 from kfast.data import FastLoader
 
 
@@ -38,7 +39,7 @@ def scripted(rates, clock=None):
 def test_picks_processes_when_threads_plateau():
     rates = {(1, False): 100, (2, False): 102, (1, True): 95, (2, True): 180, (4, True): 300, (8, True): 310}
     measure, calls = scripted(rates)
-    result = kfast.tune(None, measure=measure, max_workers=8)
+    result = tuner._search(measure, max_workers=8)
     assert (result.workers, result.use_multiprocessing, result.max_queue_size) == (4, True, 8)
     assert result.batches_per_s == 300
     # threads stopped at the plateau (2 workers), processes at 8 (under 5% better), then a deeper queue
@@ -49,7 +50,7 @@ def test_picks_processes_when_threads_plateau():
 
 def test_stops_once_the_model_cannot_consume_more():
     measure, calls = scripted({(1, False): 50, (2, False): 120, (4, False): 200})
-    result = kfast.tune(None, measure=measure, max_workers=8, target_batches_per_s=110)
+    result = tuner._search(measure, max_workers=8, target=110)
     assert calls == [(1, False, 2), (2, False, 4)]
     assert (result.workers, result.use_multiprocessing) == (2, False)
 
@@ -57,15 +58,15 @@ def test_stops_once_the_model_cannot_consume_more():
 def test_stops_at_the_budget():
     clock = Clock()
     measure, calls = scripted({(w, p): 10 * w for w in (1, 2, 4, 8) for p in (False, True)}, clock)
-    kfast.tune(None, measure=measure, max_workers=8, budget_s=2.5, clock=clock)
+    tuner._search(measure, max_workers=8, budget_s=2.5, clock=clock)
     assert len(calls) == 3
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="budget_s=0"):
-        kfast.tune(None, budget_s=0, measure=lambda *a: 1)
+        kfast.tune(None, budget_s=0)
     with pytest.raises(ValueError, match="max_workers=-1"):
-        kfast.tune(None, max_workers=-1, measure=lambda *a: 1)
+        kfast.tune(None, max_workers=-1)
 
 
 @pytest.mark.timeout(240)
@@ -88,15 +89,18 @@ def test_real_tuning_is_cached_and_a_corrupt_cache_is_ignored(tmp_path, monkeypa
 
 
 def test_auto_tune_applies_settings_and_retunes_when_input_waits(monkeypatch):
+    from kfast.callbacks import auto_tune
+
     results = iter([kfast.TuneResult(1, False, 2, 20.0, []), kfast.TuneResult(3, False, 9, 60.0, [])])
     seen = []
 
-    def tuner(dataset, budget_s, force):
+    def scripted_tune(dataset, budget_s, force):
         seen.append(force)
         return next(results)
 
     loader = FastLoader(datasets.Features(n=20, delay=0.05), workers=1, use_multiprocessing=False)
-    cb = kfast.callbacks.AutoTune(loader, threshold=0.3, verbose=0, tuner=tuner)
+    monkeypatch.setattr(auto_tune, "_tune", scripted_tune)
+    cb = kfast.callbacks.AutoTune(loader, threshold=0.3, verbose=0)
     import keras
 
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
@@ -123,13 +127,13 @@ def test_cli_shows_progress_and_the_table(tmp_path):
 @pytest.mark.parametrize("budget_s", [float("nan"), float("inf"), 0, -1, True, "30"])
 def test_budget_must_be_finite_and_positive(budget_s):
     with pytest.raises(ValueError, match=r"budget_s=.*finite number of seconds > 0"):
-        kfast.tune(None, budget_s=budget_s, measure=lambda *a: 1)
+        kfast.tune(None, budget_s=budget_s)
 
 
 @pytest.mark.parametrize("max_workers", [0, -1, True, 1.5])
 def test_max_workers_is_checked_before_the_default(max_workers):
     with pytest.raises(ValueError, match=rf"max_workers={max_workers!r}; it must be a positive int, or None"):
-        kfast.tune(None, max_workers=max_workers, measure=lambda *a: 1)
+        kfast.tune(None, max_workers=max_workers)
 
 
 # A budget under one burst (0.3 s, which 5 ms batches fill) stops the search after a single one-thread

@@ -1,6 +1,8 @@
 """The shared-memory ring behind FastLoader's worker processes: equal slots in one `/dev/shm` segment.
 
 Ownership. The loader creates and unlinks the segment; workers attach to it by name and only write.
+Segments are named `kfast_<pid>_<random>` after the creating process, so `ls /dev/shm` (and a leak
+check) can tell whose they are.
 A slot is lent to one task at a time (`acquire`). When its batch comes back, `export` hands out the
 leaves as views of one fresh per-batch array (the "export"); a weak reference to that export returns
 the slot to the free list when the last leaf or view of it is gone, so a batch the user still holds is
@@ -15,12 +17,14 @@ send batches pickled.
 import collections
 import errno
 import os
+import secrets
 import weakref
 from multiprocessing import shared_memory
 
 import numpy as np
 
 SHM_DIR = "/dev/shm"
+SEGMENT_PREFIX = "kfast_"
 
 
 class Segment(shared_memory.SharedMemory):
@@ -42,6 +46,10 @@ class Segment(shared_memory.SharedMemory):
             self.unlink()
         except FileNotFoundError:
             pass
+
+
+def _new_segment(nbytes):
+    return Segment(name=f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(6)}", create=True, size=nbytes)
 
 
 def free_bytes(path=SHM_DIR):
@@ -70,7 +78,7 @@ class Ring:
 
     def __init__(self, slots, slot_bytes):
         self.slots, self.slot_bytes = slots, slot_bytes
-        self.segment = Segment(create=True, size=slots * slot_bytes)
+        self.segment = _new_segment(slots * slot_bytes)
         try:
             _reserve(self.segment, slots * slot_bytes)
         except OSError as e:
@@ -79,7 +87,7 @@ class Ring:
                 raise OSError(errno.ENOSPC, "no room in /dev/shm") from e
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without fallocate: carry on
                 raise
-            self.segment = Segment(create=True, size=slots * slot_bytes)
+            self.segment = _new_segment(slots * slot_bytes)
         self.name = self.segment.name
         self._free = collections.deque(range(slots))  # appended to by weakref callbacks, any thread
         self._exports = {}  # slot -> weak reference to the batch's export array

@@ -1,5 +1,7 @@
 """ArrayDataset: batches sliced from in-memory arrays."""
 
+from kfast.checks import check_int
+
 import keras
 import numpy as np
 
@@ -30,8 +32,7 @@ class ArrayDataset(keras.utils.PyDataset):
 
     def __init__(self, x, y=None, sample_weight=None, batch_size=32, shuffle=False, seed=0):
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"ArrayDataset got batch_size={batch_size!r}; it must be a positive int.")
+        check_int("ArrayDataset", "batch_size", batch_size)
         self._parts = [part for part in (x, y, sample_weight) if part is not None]
         lengths = {len(a) for part in self._parts for a in keras.tree.flatten(part)}
         if len(lengths) != 1 or 0 in lengths:

@@ -1,6 +1,5 @@
 """FastLoader: a PyDataset that loads batches in parallel worker processes or threads."""
 
-import math
 import os
 import threading
 import time
@@ -10,6 +9,7 @@ import keras
 import numpy as np
 import psutil
 
+from kfast.checks import check_int, check_number
 from kfast import distributed
 from kfast.data import _interrupt
 from kfast.data import _pool
@@ -54,11 +54,6 @@ def _capped_workers(workers):
                       f"using {most}. More workers than that only compete for the same cores.", stacklevel=3)
         return most
     return workers
-
-
-def _positive_int_or_none(name, value, fix):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"FastLoader got {name}={value!r}; it must be a positive int or None ({fix}).")
 
 
 def _overrides(dataset, method):
@@ -140,16 +135,13 @@ class FastLoader(keras.utils.PyDataset):
                 f"FastLoader needs a dataset with __len__ and __getitem__(index) -> batch (a "
                 f"keras.utils.PyDataset, a Keras Sequence or your own class); got {type(dataset).__name__}. "
                 "For in-memory arrays use kfast.data.ArrayDataset(x, y, batch_size=...).")
-        _positive_int_or_none("workers", workers, "None picks one per CPU core")
-        _positive_int_or_none("max_queue_size", max_queue_size, "None picks twice the workers")
+        check_int("FastLoader", "workers", workers, or_none="to pick one per CPU core")
+        check_int("FastLoader", "max_queue_size", max_queue_size, or_none="for twice the workers")
         if not isinstance(use_multiprocessing, bool):
             raise ValueError(f"FastLoader got use_multiprocessing={use_multiprocessing!r}; pass True or False.")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-            raise ValueError(f"FastLoader got seed={seed!r}; it must be an int >= 0, or None for a random seed.")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not math.isfinite(timeout) or timeout <= 0):
-            raise ValueError(f"FastLoader got timeout={timeout!r}; it must be a number of seconds > 0, or None "
-                             "to wait (with a warning every minute).")
+        check_int("FastLoader", "seed", seed, least=0, or_none="for a random seed")
+        check_number("FastLoader", "timeout", timeout, above=0, unit="seconds",
+                     or_none="to wait (with a warning every minute)")
         workers = _capped_workers(workers)
         if distributed.is_initialized() and distributed.size() > 1 and not isinstance(dataset, ShardedDataset):
             dataset = ShardedDataset(dataset, distributed.rank(), distributed.size())
@@ -197,8 +189,8 @@ class FastLoader(keras.utils.PyDataset):
 
     def configure(self, *, workers=None, use_multiprocessing=None, max_queue_size=None):
         """Changes settings; the workers restart on the next batch. Arguments left `None` stay as they are."""
-        _positive_int_or_none("workers", workers, "the number of workers")
-        _positive_int_or_none("max_queue_size", max_queue_size, "the number of batches ahead")
+        check_int("FastLoader.configure", "workers", workers, or_none="to keep the current number")
+        check_int("FastLoader.configure", "max_queue_size", max_queue_size, or_none="to keep the current depth")
         workers = _capped_workers(workers)
         self.close()
         self._num_workers = workers or self._num_workers

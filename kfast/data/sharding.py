@@ -1,5 +1,7 @@
 """Split a dataset's batches across ranks so that every rank gets the same number."""
 
+from kfast.checks import check_int
+
 _MODES = ("drop", "pad")
 
 
@@ -30,9 +32,7 @@ class ShardedDataset:
     """
 
     def __init__(self, dataset, rank, size, mode="drop"):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"ShardedDataset got size={size!r}; it must be a positive int "
-                             "(usually kfast.distributed.size()).")
+        check_int("ShardedDataset", "size", size, hint="usually kfast.distributed.size()")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
             raise ValueError(f"ShardedDataset got rank={rank!r} with size={size}; rank must be in [0, {size}).")
         if mode not in _MODES:

@@ -19,7 +19,11 @@ def to_tf_dataset(loader):
 
     Example:
 
-    >>> ds = kfast.data.FastLoader(data).to_tf_dataset().map(augment)  # doctest: +SKIP
+    >>> import numpy as np, kfast
+    >>> data = kfast.data.ArrayDataset(np.zeros((6, 2)), np.arange(6), batch_size=2)
+    >>> ds = kfast.data.FastLoader(data, use_multiprocessing=False).to_tf_dataset()
+    >>> [y.numpy().tolist() for x, y in ds]
+    [[0, 1], [2, 3], [4, 5]]
     """
     import tensorflow as tf
 

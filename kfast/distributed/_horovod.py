@@ -61,8 +61,10 @@ def init():
 
     Example:
 
+    It sets up Horovod for the rest of the process, so the doctests do not run this line:
+
     >>> import kfast
-    >>> kfast.distributed.init()  # doctest: +SKIP (warns when Horovod is missing)
+    >>> kfast.distributed.init()  # doctest: +SKIP
     >>> kfast.distributed.rank(), kfast.distributed.size()
     (0, 1)
     """

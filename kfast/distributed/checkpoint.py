@@ -34,6 +34,24 @@ def epoch_path(directory, epoch):
     return os.path.join(directory, f"epoch-{epoch:04d}.keras")
 
 
+# Prefix of a checkpoint being written; a file with it is left only by a process killed mid-save.
+_PARTIAL = ".tmp-"
+
+
+def remove_partial(directory):
+    """Deletes what saves killed halfway left in `directory` (one job writes a checkpoint directory at a
+    time, so no live save owns such a file when training begins). Returns the names removed."""
+    removed = []
+    for name in sorted(os.listdir(directory)):
+        if name.startswith(_PARTIAL):
+            try:
+                os.remove(os.path.join(directory, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def save_atomic(model, path):
     """Saves `model` to `path` through a temporary file and a rename, so a crash never leaves half a file.
 
@@ -42,7 +60,7 @@ def save_atomic(model, path):
     with plain `keras.saving.load_model` where kfast and Horovod are not installed.
     """
     directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{name}")
+    tmp = os.path.join(directory, f"{_PARTIAL}{os.getpid()}-{name}")
     try:
         model.save(tmp)
         _finish_archive(tmp, training_state(model))

@@ -210,7 +210,8 @@ def test_auto_tune_ignores_validation_time(monkeypatch):
     monkeypatch.setattr(auto_tune, "_clock", lambda: now[0])
     result = tuner.TuneResult(2, True, 4, 50.0, [])
     loader = _WaitingLoader()
-    cb = kfast.callbacks.AutoTune(loader, threshold=0.2, verbose=0, tuner=lambda *a, **k: result)
+    monkeypatch.setattr(auto_tune, "_tune", lambda *a, **k: result)
+    cb = kfast.callbacks.AutoTune(loader, threshold=0.2, verbose=0)
     cb.on_train_begin()
     cb.on_epoch_begin(0)
     now[0], loader.wait_seconds = 10.0, 5.0  # training: half of 10 s spent waiting for input

@@ -109,3 +109,15 @@ def test_unwritable_directory_fails_before_the_first_epoch(tmp_path):
 def test_bad_arguments(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         kfast.callbacks.RankZeroCheckpoint(str(tmp_path), **kwargs)
+
+
+def test_partial_files_of_a_save_killed_halfway_are_removed_when_training_begins(tmp_path, capsys):
+    # What save_atomic leaves when its process is killed between writing and renaming.
+    (tmp_path / ".tmp-4242-epoch-0003.keras").write_bytes(b"PK\x03\x04 half an archive")
+    (tmp_path / "notes.txt").write_text("not kfast's")
+    x = np.ones((8, 1), "float32")
+    cb = kfast.callbacks.RankZeroCheckpoint(str(tmp_path), monitor="loss", verbose=1)
+    _model().fit(x, x, epochs=1, verbose=0, callbacks=[cb])
+    assert sorted(os.listdir(tmp_path)) == ["best.keras", "epoch-0001.keras", "notes.txt"]
+    assert "removed 1 partial file(s) of a save that was killed halfway: .tmp-4242-epoch-0003.keras" in (
+        capsys.readouterr().out)

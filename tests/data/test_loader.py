@@ -38,7 +38,8 @@ def _workers(process=None):
 
 
 def _shm_segments():
-    return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}
+    """This test process's loader segments (named after it), so other jobs on the machine do not count."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"kfast_{os.getpid()}_")}
 
 
 @pytest.mark.parametrize("use_multiprocessing", MODES)

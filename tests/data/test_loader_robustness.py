@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
@@ -32,12 +31,18 @@ def _ids(batches):
     return [int(np.asarray(x)[0, 0]) for x, *_ in batches]
 
 
-def _shm_segments():
-    return {name for name in os.listdir("/dev/shm") if name.startswith("psm_")}
+def _shm_segments(pid):
+    """The loader segments process `pid` created (they are named after it): other jobs do not count."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"kfast_{pid}_")}
 
 
-def _pymp_dirs():
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "pymp-*")))
+def _pymp_dirs(script):
+    """multiprocessing's temporary directories of the script started by `_start_script(script, ...)`."""
+    return set(glob.glob(os.path.join(_tmpdir(script), "pymp-*")))
+
+
+def _tmpdir(script):
+    return os.path.join(os.path.dirname(script), "tmp")
 
 
 def _wait_for(path, proc, seconds=60):
@@ -100,8 +105,10 @@ def test_a_stalled_batch_warns_with_the_same_facts(monkeypatch):
 def _start_script(path, body):
     """Writes PRELUDE + `body` to `path` and starts it, its output piped."""
     path.write_text(PRELUDE + textwrap.dedent(body))
+    # A temporary directory of its own, so a leak check sees this script's directories only.
+    os.makedirs(_tmpdir(path), exist_ok=True)
     return subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV)
+                            text=True, env={**ENV, "TMPDIR": _tmpdir(path)})
 
 
 def _children(pid):
@@ -113,9 +120,8 @@ def _children(pid):
 
 @pytest.mark.timeout(180)
 def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(tmp_path):
-    shm, pymp = _shm_segments(), _pymp_dirs()
-    marker = tmp_path / "stuck"
-    proc = _start_script(tmp_path / "train.py", f"""
+    marker, script = tmp_path / "stuck", tmp_path / "train.py"
+    proc = _start_script(script, f"""
         import keras
         from kfast.data import FastLoader
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -134,7 +140,7 @@ def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(tmp
         assert proc.returncode != 0 and "KeyboardInterrupt" in err
         _, alive = psutil.wait_procs(descendants, timeout=10)
         assert not alive, alive
-        assert _shm_segments() <= shm and _pymp_dirs() <= pymp
+        assert not _shm_segments(proc.pid) and not _pymp_dirs(script)
     finally:
         proc.kill()
         proc.communicate()
@@ -142,24 +148,23 @@ def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(tmp
 
 @pytest.mark.timeout(180)
 def test_killed_trainer_leaves_no_workers_segments_or_temp_dirs(tmp_path):
-    shm, pymp = _shm_segments(), _pymp_dirs()
-    marker = tmp_path / "stuck"
-    proc = _start_script(tmp_path / "load.py", f"""
+    marker, script = tmp_path / "stuck", tmp_path / "load.py"
+    proc = _start_script(script, f"""
         from kfast.data import FastLoader
         print(list(FastLoader(datasets.Stuck(n=8, stuck=4, marker={str(marker)!r}), workers=2)))
     """)
     try:
         _wait_for(marker, proc)
         descendants = _children(proc.pid)
-        assert _pymp_dirs() - pymp and _shm_segments() - shm  # there is something to clean up
+        assert _pymp_dirs(script) and _shm_segments(proc.pid)  # there is something to clean up
         proc.kill()
         proc.communicate(timeout=30)
         _, alive = psutil.wait_procs(descendants, timeout=15)
         assert not alive, alive
         deadline = time.monotonic() + 10
-        while (_shm_segments() - shm or _pymp_dirs() - pymp) and time.monotonic() < deadline:
+        while (_shm_segments(proc.pid) or _pymp_dirs(script)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _shm_segments() <= shm and _pymp_dirs() <= pymp
+        assert not _shm_segments(proc.pid) and not _pymp_dirs(script)
     finally:
         proc.kill()
         proc.communicate()
@@ -294,7 +299,7 @@ def test_too_many_workers_are_capped_with_a_warning():
 @pytest.mark.parametrize("kwargs, match", [
     ({"seed": -1}, r"seed=-1; it must be an int >= 0"),
     ({"seed": "abc"}, r"seed='abc'; it must be an int >= 0"),
-    ({"timeout": 0}, r"timeout=0; it must be a number of seconds > 0"),
+    ({"timeout": 0}, r"timeout=0; it must be a finite number of seconds > 0"),
     ({"timeout": float("nan")}, r"timeout=nan"),
 ])
 def test_bad_arguments_fail_at_construction(kwargs, match):

@@ -10,6 +10,7 @@ import pytest
 
 import harness
 from helpers import REPO
+from helpers import job_output
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
@@ -22,14 +23,8 @@ def horovodrun(cluster, hosts, script, *args, np=None, timeout=180, env=None, ex
     status or the timeout, with everything it printed. Returns stdout + stderr."""
     np = np or sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(","))
     cmd = ["horovodrun", "-np", str(np), "-H", hosts, sys.executable, script, *map(str, args)]
-    try:
-        proc = cluster.run("hostA", cmd, timeout=timeout, env={**JOB_ENV, **(env or {})})
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s\n{e.stdout}\n{e.stderr}")
-    output = proc.stdout + proc.stderr
-    if (proc.returncode != 0) != expect_fail:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n{output}")
-    return output
+    return job_output(cmd, lambda: cluster.run("hostA", cmd, timeout=timeout, env={**JOB_ENV, **(env or {})}),
+                      timeout=timeout, expect_fail=expect_fail)
 
 
 class Job:

@@ -205,3 +205,34 @@ def test_empty_class_text_file_is_an_error(tmp_path):
     (tmp_path / "b.txt").write_text("\n\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"b\.txt holds no documents"):
         text_classification.read(str(tmp_path))
+
+
+def _args(batch_size, seed=0):
+    import argparse
+
+    return argparse.Namespace(batch_size=batch_size, seed=seed)
+
+
+@pytest.mark.parametrize("n, batch_size, ranks, fraction, val_size", [
+    (1000, 32, 1, 1 / 8, 125), (1000, 32, 2, 1 / 8, 125), (300, 32, 2, 1 / 8, 64), (96, 4, 2, 0.2, 19),
+])
+def test_every_recipe_splits_rows_the_same_way(n, batch_size, ranks, fraction, val_size):
+    from kfast.recipes import _common
+
+    train, val = _common.split_rows(n, _args(batch_size), fraction=fraction, ranks=ranks)
+    assert len(val) == val_size and len(train) == n - val_size
+    assert sorted(np.concatenate([train, val]).tolist()) == list(range(n))  # disjoint, nothing lost
+    again, _ = _common.split_rows(n, _args(batch_size), fraction=fraction, ranks=ranks)
+    assert again.tolist() == train.tolist()  # every rank computes the same split
+    other, _ = _common.split_rows(n, _args(batch_size, seed=1), fraction=fraction, ranks=ranks)
+    assert other.tolist() != train.tolist()
+
+
+def test_too_few_samples_for_a_batch_per_rank_in_both_parts_say_how_many():
+    from kfast.recipes import _common
+
+    # The image sample folder (96 images) at the default batch of 32 on 2 ranks: 19 validation images
+    # once made a single batch that 2 ranks cannot share; now the split says what is needed.
+    with pytest.raises(ValueError, match=r"96 samples are too few .*--batch-size 32 on 2 rank\(s\): each part "
+                                         r"needs at least 64 .*smaller --batch-size"):
+        _common.split_rows(96, _args(32), fraction=0.2, ranks=2)
