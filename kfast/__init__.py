@@ -9,17 +9,18 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["DistributedOptimizer", "TuneResult", "__version__", "callbacks", "data", "diagnose", "distributed",
-           "nvml", "recipes", "tune"]
+__all__ = ["DistributedOptimizer", "Plan", "TuneResult", "__version__", "callbacks", "data", "diagnose",
+           "distributed", "nvml", "plan", "recipes", "tune"]
 
 _HOMES = {"DistributedOptimizer": "kfast.optimizer", "TuneResult": "kfast.tuner", "diagnose": "kfast.measure",
-          "tune": "kfast.tuner", "callbacks": None, "data": None, "distributed": None, "nvml": None,
+          "tune": "kfast.tuner", "plan": "kfast.planner", "Plan": "kfast.planner", "callbacks": None, "data": None, "distributed": None, "nvml": None,
           "recipes": None}
 
 if TYPE_CHECKING:  # what IDEs and type checkers read
     from kfast import callbacks, data, distributed, nvml, recipes  # noqa: F401
     from kfast.measure import diagnose  # noqa: F401
     from kfast.optimizer import DistributedOptimizer  # noqa: F401
+    from kfast.planner import Plan, plan  # noqa: F401
     from kfast.tuner import TuneResult, tune  # noqa: F401
 
 

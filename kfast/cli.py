@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from kfast import plan_cli
+
 
 def _add_doctor(subparsers):
     p = subparsers.add_parser(
@@ -77,6 +79,11 @@ def _run_diagnose(args):
     finally:
         if hasattr(data, "close"):
             data.close()
+    return show(result, args)
+
+
+def show(result, args):
+    """Prints a result (a Diagnosis or a Plan) as text or `--json`, and writes its `--plot`."""
     print(result.to_json() if args.json else result)
     if args.plot:
         result.plot(args.plot)
@@ -261,6 +268,7 @@ def build_parser():
     _add_doctor(subparsers)
     _add_diagnose(subparsers)
     _add_tune(subparsers)
+    plan_cli.add(subparsers)
     _add_recipes(subparsers)
     _add_train(subparsers)
     _add_launch(subparsers)

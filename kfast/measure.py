@@ -78,6 +78,24 @@ def _state(model):
     return variables, [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
 
+def first_batch(data):
+    """The first batch of `data` (a PyDataset-like object, a FastLoader or an iterable)."""
+    for batch in _batches(data, 1):
+        return batch
+    raise ValueError(f"got {type(data).__name__} with no batches; pass the data you train on.")
+
+
+def compute_seconds(model, batch, *, steps=10, warmup=3):
+    """Seconds of each of `steps` training steps on one cached `batch`: the model alone, no input, through
+    fit's own train step. The model's weights and optimizer state are put back afterwards."""
+    variables, saved = _state(model)
+    try:
+        return _fit(model, _Repeat(batch, warmup + steps), warmup + steps)[warmup:]
+    finally:
+        for v, value in zip(variables, saved):
+            v.assign(value)
+
+
 def _fit(model, data, steps):
     """Trains `steps` steps and returns each one's seconds; data shorter than that is read for several epochs."""
     clock = _StepClock(steps)

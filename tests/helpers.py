@@ -12,6 +12,14 @@ from kfast.distributed import horovodrun_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Keras's JAX and PyTorch trainers begin an epoch, take one batch to build the model, then end it; FastLoader
+# takes that for a partly read epoch and skips the rest of it (a whole epoch loaded for nothing, the workers
+# restarted, the dataset's epoch hooks run once more). Strict: once FastLoader serves that batch again at the
+# next epoch's start instead, the marked tests pass there and this marker must go.
+keras_probe_skips_an_epoch = pytest.mark.xfail(
+    keras.backend.backend() != "tensorflow", strict=True,
+    reason="FastLoader skips the epoch Keras's JAX/PyTorch trainers open to build the model (see tests/helpers.py)")
+
 
 def _horovodrun():
     return horovodrun_path()
@@ -88,8 +96,13 @@ class MyDataset(keras.utils.PyDataset):
 '''
 
 
-def readme_scale_out_snippet():
-    """The first python block of README.md's "Scale out" section, exactly as users read it."""
+def readme_snippet(heading):
+    """The first python block of README.md's section `heading`, exactly as users read it."""
     with open(os.path.join(REPO, "README.md")) as f:
-        section = f.read().split("## Scale out: Horovod on Keras 3", 1)[1]
+        section = f.read().split(f"\n## {heading}\n", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def readme_scale_out_snippet():
+    """The first python block of README.md's "Scale out" section."""
+    return readme_snippet("Scale out: Horovod on Keras 3")

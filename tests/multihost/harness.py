@@ -359,6 +359,7 @@ class Cluster:
     def reset(self, name):
         """Brings host `name` back: link up, test binds undone, its own processes stopped, sshd answering."""
         self.link(name, up=True)
+        self.unshape(name)
         for target in reversed(self._binds.get(name, [])):
             self.unbind(name, target)
         if name in self._sshd and self._sshd[name].poll() is not None:
@@ -367,6 +368,16 @@ class Cluster:
         if name not in self._sshd:
             self.start_sshd(name)
         self.wait_for_ssh(name)
+
+    def shape(self, name, rate):
+        """Limits what host `name` sends to `rate` (tc units, e.g. "200mbit") with a token bucket on its
+        link. tbf rather than netem: netem (added delay) is not in every kernel, tbf is."""
+        # A 64 kB bucket lets TCP reach the rate without bursts far above it.
+        self._sh(name, f"tc qdisc replace dev eth0 root tbf rate {rate} burst 64kb latency 200ms")
+
+    def unshape(self, name):
+        """Takes any shaping off host `name`'s link."""
+        self._sh(name, "tc qdisc del dev eth0 root 2>/dev/null || true")
 
     def link(self, name, up):
         """Connects host `name` to the bridge, or silently cuts it off (packets dropped, no reset)."""

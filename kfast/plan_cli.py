@@ -1,0 +1,71 @@
+"""`kfast plan`: the command line of `kfast.plan`."""
+
+import sys
+
+
+def add(subparsers):
+    p = subparsers.add_parser(
+        "plan", help="predict scaling efficiency on N ranks from this machine's measurements and the link",
+        description="Measure the model returned by TARGET (a module:function taking no arguments and returning "
+                    "a compiled model, or (model, dataset)) and predict step time, samples/s and scaling "
+                    "efficiency on 1..N ranks for ring-allreduce and a parameter server, with what to change.")
+    p.add_argument("target", metavar="TARGET", help="module:function or path/to/file.py:function")
+    link = p.add_mutually_exclusive_group()
+    link.add_argument("--hosts", metavar="H1,H2",
+                      help="measure latency and bandwidth between these two hosts with real allreduces (horovodrun)")
+    link.add_argument("--bandwidth", metavar="RATE", help="link bandwidth, e.g. 10Gbit, 25Gbit/s, 1.25GB/s")
+    p.add_argument("--latency", metavar="TIME", help="per-message latency, e.g. 20us, 1ms (with --bandwidth)")
+    p.add_argument("--ranks", metavar="N[,N...]", help="rank counts to predict (default 1,2,4,...,1024)")
+    p.add_argument("--compression", choices=["fp16"], help="exchange float32 gradients as float16")
+    p.add_argument("--servers", type=int, default=1, help="parameter-server shards for the comparison (default 1)")
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch of synthetic inputs (default 32)")
+    p.add_argument("--plot", metavar="PNG", help="also write efficiency and throughput against ranks to PNG")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(run=run)
+
+
+def _ranks(text):
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 1:
+        raise ValueError(f"--ranks {text!r} is not a list of rank counts; expected e.g. 1,2,4,8.")
+    return ranks
+
+
+def run(args):
+    import kfast
+    from kfast import link_probe
+    from kfast.cli import load_target
+    from kfast.cli import show
+
+    try:
+        ranks = _ranks(args.ranks) if args.ranks else None
+        if args.latency and not args.bandwidth:
+            raise ValueError("--latency goes with --bandwidth; pass both, or --hosts to measure them.")
+        bandwidth, latency, source = args.bandwidth, args.latency, None
+        if args.hosts:
+            hosts = [h for h in args.hosts.split(",") if h]
+            print(f"measuring the link {hosts[0]} <-> {hosts[1] if len(hosts) > 1 else '?'} with real allreduces...",
+                  file=sys.stderr, flush=True)
+            latency, bandwidth, _ = link_probe.measure(hosts)
+            source = f"measured between {hosts[0]} and {hosts[1]}"
+        elif args.bandwidth and not args.latency:
+            latency = "20us"
+    except (ValueError, RuntimeError) as e:
+        print(f"kfast plan: {e}", file=sys.stderr)
+        return 2
+    built = load_target(args.target)()
+    model, dataset = built if isinstance(built, tuple) else (built, None)
+    try:
+        result = kfast.plan(model, dataset, ranks=ranks, bandwidth=bandwidth, latency=latency,
+                            compression=args.compression, servers=args.servers, batch_size=args.batch_size,
+                            link_source=source)
+    except ValueError as e:
+        print(f"kfast plan: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if hasattr(dataset, "close"):
+            dataset.close()
+    return show(result, args)

@@ -1,0 +1,235 @@
+"""`kfast.plan` (defined here): predict how a model scales over N ranks before renting them.
+
+It measures the two numbers of the model that decide scaling, on this machine, in seconds: compute time
+per training step and gradient bytes per step; takes the links' bandwidth and latency (given, or
+measured between hosts by `kfast.link_probe`); and applies the cost model in `kfast.scaling`.
+"""
+
+import json
+import math
+import os
+
+import keras
+import numpy as np
+
+from kfast import scaling
+from kfast.checks import check_int
+from kfast.checks import check_number
+
+# Horovod fuses tensors into buffers of this size (HOROVOD_FUSION_THRESHOLD, bytes) before sending.
+_FUSION_DEFAULT = 128 * 1024 * 1024
+_COMPRESSIONS = (None, "fp16")
+
+
+class Plan:
+    """What `kfast.plan` predicts for each number of ranks, with what to change.
+
+    Attributes:
+        rows: one dict per rank count: `ranks`, `exchange_s`, `step_s` (kfast: exchange after backward),
+            `step_overlap_s` (exchange hidden behind backward), `samples_per_s`, `efficiency`,
+            `efficiency_overlap`, `server_step_s`, `server_efficiency`, `link_bytes` (per rank per step).
+        compute_s: measured compute seconds per step on one rank; `batch_size` its per-rank batch.
+        gradient_bytes: bytes exchanged per step (after compression); `parameters` trainable values.
+        bandwidth, latency: link bytes/s and seconds; `link_source` says where they came from.
+        advice: what to change, most useful first.
+        measured: `{ranks: seconds per step}` from real runs, drawn beside the prediction (optional).
+    """
+
+    def __init__(self, *, name, parameters, gradient_bytes, dtype, messages, compute_s, batch_size, bandwidth,
+                 latency, link_source, ranks, compression, servers, threshold, accumulation=1):
+        self.name, self.parameters, self.gradient_bytes, self.dtype = name, parameters, gradient_bytes, dtype
+        self.messages, self.compute_s, self.batch_size = messages, compute_s, batch_size
+        self.bandwidth, self.latency, self.link_source = bandwidth, latency, link_source
+        self.compression, self.servers, self.threshold, self.accumulation = compression, servers, threshold, accumulation
+        self.measured = {}
+        self.rows = [self._row(n) for n in ranks]
+        self.advice = self._advise()
+
+    def _exchange(self, n, nbytes=None, accumulation=None):
+        nbytes = self.gradient_bytes if nbytes is None else nbytes
+        # With gradient accumulation the exchange happens once every `accumulation` steps.
+        return scaling.ring_seconds(nbytes, n, self.bandwidth, self.latency, self.messages) / (
+            accumulation or self.accumulation)
+
+    def _row(self, n):
+        exchange = self._exchange(n)
+        fast, slow = scaling.step_range(self.compute_s, exchange)
+        server = self.compute_s + scaling.server_seconds(self.gradient_bytes, n, self.bandwidth, self.latency,
+                                                         self.servers, self.messages) / self.accumulation
+        return {"ranks": n, "exchange_s": exchange, "step_s": slow, "step_overlap_s": fast,
+                "samples_per_s": n * self.batch_size / slow, "efficiency": self.compute_s / slow,
+                "efficiency_overlap": self.compute_s / fast, "server_step_s": server,
+                "server_efficiency": self.compute_s / server,
+                "link_bytes": 2 * (n - 1) / n * self.gradient_bytes if n > 1 else 0.0}
+
+    def row(self, ranks):
+        """The prediction for `ranks` (computed for any number, not only the table's)."""
+        return self._row(ranks)
+
+    def _advise(self):
+        largest = self.rows[-1]
+        if largest["efficiency"] >= self.threshold:
+            return [f"scales well: {largest['efficiency']:.0%} efficiency at {largest['ranks']} ranks "
+                    f"(threshold {self.threshold:.0%}); nothing to change."]
+        n, target = largest["ranks"], max(self.threshold, 0.9)
+        out = []
+        need = scaling.needed_compute(largest["exchange_s"], target)
+        factor = math.ceil(need / self.compute_s)
+        out.append(f"at {n} ranks the gradient exchange ({scaling.human_seconds(largest['exchange_s'])}) is "
+                   f"{largest['exchange_s'] / self.compute_s:.2g}x the compute ({scaling.human_seconds(self.compute_s)}): "
+                   f"a per-rank batch {factor}x larger ({factor * self.batch_size}) reaches about {target:.0%} "
+                   "(compute grows with the batch, the exchange does not).")
+        if self.compression is None and self.dtype == "float32":
+            half = self.compute_s / (self.compute_s + self._exchange(n, self.gradient_bytes / 2))
+            out.append(f"fp16 compression (DistributedOptimizer(..., compression='fp16')) halves the bytes: "
+                       f"{half:.0%} at {n} ranks.")
+        for k in (2, 4, 8):
+            with_k = self.compute_s / (self.compute_s + self._exchange(n, accumulation=self.accumulation * k))
+            if with_k >= target or k == 8:
+                out.append(f"gradient accumulation (backward_passes_per_step={self.accumulation * k}) exchanges once "
+                           f"every {self.accumulation * k} batches: {with_k:.0%} at {n} ranks (the effective batch "
+                           f"grows {k}x too).")
+                break
+        good = [r["ranks"] for r in self.rows if r["efficiency"] >= self.threshold and r["ranks"] > 1]
+        if good:
+            out.append(f"or run on {max(good)} ranks, the most that stay above {self.threshold:.0%} efficiency as it is.")
+        else:
+            out.append(f"as it is, no rank count above 1 reaches {self.threshold:.0%} efficiency on this link.")
+        return out
+
+    def to_dict(self):
+        return {"model": self.name, "parameters": self.parameters, "gradient_bytes": self.gradient_bytes,
+                "dtype": self.dtype, "messages": self.messages, "compute_s": self.compute_s,
+                "batch_size": self.batch_size, "bandwidth_bytes_per_s": self.bandwidth, "latency_s": self.latency,
+                "link_source": self.link_source, "compression": self.compression, "servers": self.servers,
+                "backward_passes_per_step": self.accumulation, "rows": self.rows, "advice": self.advice,
+                "measured": {str(k): v for k, v in self.measured.items()}}
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=2)
+
+    def __str__(self):
+        h = scaling.human_seconds
+        compressed = " (fp16 compression)" if self.compression else ""
+        lines = [
+            f"kfast plan: {self.name}, {self.parameters:,} trainable values, {scaling.human_bytes(self.gradient_bytes)} "
+            f"of {self.dtype} gradients per step{compressed}, in {self.messages} fused allreduce(s)",
+            f"compute {h(self.compute_s)} per step at batch {self.batch_size} per rank "
+            f"({self.batch_size / self.compute_s:,.0f} samples/s on one rank)",
+            f"link {scaling.human_rate(self.bandwidth)}, latency {h(self.latency)} ({self.link_source})",
+            "",
+            f"{'ranks':>5}  {'step (kfast)':>12}  {'samples/s':>10}  {'efficiency':>10}  {'with overlap':>12}  "
+            f"{'param server x' + str(self.servers):>16}",
+        ]
+        for r in self.rows:
+            lines.append(f"{r['ranks']:>5}  {h(r['step_s']):>12}  {r['samples_per_s']:>10,.0f}  {r['efficiency']:>10.0%}  "
+                         f"{r['efficiency_overlap']:>12.0%}  {r['server_efficiency']:>16.0%}")
+        if self.measured:
+            lines.append("")
+            lines.append("measured: " + ", ".join(f"{n} rank(s) {h(s)} per step (predicted {h(self.row(n)['step_s'])})"
+                                                  for n, s in sorted(self.measured.items())))
+        lines += ["", "What to change:"] + [f"  - {a}" for a in self.advice]
+        return "\n".join(lines)
+
+    def plot(self, path):
+        """Writes efficiency and throughput against ranks (log axes) for both strategies as a PNG."""
+        from kfast import plan_plot
+
+        plan_plot.draw(self, path)
+        return path
+
+
+def gradient_size(model, compression=None):
+    """(trainable values, bytes exchanged per step, dtype name) for `model`'s trainable variables."""
+    values, nbytes, dtypes = 0, 0, set()
+    for v in model.trainable_variables:
+        n = int(np.prod(v.shape))
+        dtype = np.dtype(keras.backend.standardize_dtype(v.dtype))
+        size = 2 if compression == "fp16" and dtype == np.float32 else dtype.itemsize
+        values, nbytes = values + n, nbytes + n * size
+        dtypes.add(dtype.name)
+    return values, nbytes, "/".join(sorted(dtypes)) or "none"
+
+
+def _synthetic_batch(model, batch_size, seed=0):
+    """A batch of random inputs (and integer labels of the output's width) for a model with an Input."""
+    if not getattr(model, "inputs", None):
+        raise ValueError("kfast.plan got a model without inputs it can read (no keras.Input) and no dataset; "
+                         "pass dataset= (a batch source), or build the model with keras.Input.")
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((batch_size,) + tuple(d or 1 for d in t.shape[1:])).astype(
+        keras.backend.standardize_dtype(t.dtype)) for t in model.inputs]
+    out = model.outputs[0].shape
+    y = rng.standard_normal((batch_size,) + tuple(d or 1 for d in out[1:])).astype("float32")
+    return (xs[0] if len(xs) == 1 else xs), y
+
+
+def plan(model, dataset=None, *, ranks=None, bandwidth=None, latency=None, compression=None, servers=1,
+         batch_size=32, threshold=0.8, steps=10, link_source=None):
+    """Predicts step time, throughput and scaling efficiency of `model` on 1..N ranks.
+
+    Measures compute seconds per step on this machine (fit's own train step on one cached batch; the
+    weights and optimizer state are put back) and the gradient bytes, then applies the ring-allreduce and
+    parameter-server models of `kfast.scaling` for the given link.
+
+    Args:
+        model: a compiled Keras model (its loss decides the backward pass).
+        dataset: where to take one batch from (a PyDataset, FastLoader, or anything indexable/iterable).
+            Defaults to `None`: random inputs of `batch_size` built from the model's `keras.Input`s, with
+            targets shaped like its output (for a loss that wants integer labels, pass a dataset).
+        ranks: the rank counts to predict. Defaults to `None`: 1, 2, 4, ... 1024.
+        bandwidth: link bytes per second, or a string such as `"10Gbit"`. Defaults to `None`: 10 Gbit/s.
+        latency: seconds per message, or a string such as `"20us"`. Defaults to `None`: 20 us.
+        compression: `None` or `"fp16"` (as `DistributedOptimizer`). Defaults to `None`; a model
+            compiled with a `DistributedOptimizer` uses its setting.
+        servers: parameter-server shards, for the comparison. Defaults to `1`.
+        batch_size: per-rank batch of the synthetic inputs. Defaults to `32`.
+        threshold: the efficiency under which the plan says what to change. Defaults to `0.8`.
+        steps: timed steps. Defaults to `10`.
+        link_source: a note on where the link numbers came from. Defaults to `None`.
+
+    Returns:
+        A `Plan`: print it, `to_dict()` it, or `plot("plan.png")` it.
+
+    Example:
+
+    >>> import keras, kfast
+    >>> model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024), keras.layers.Dense(10)])
+    >>> model.compile("sgd", "mse")
+    >>> p = kfast.plan(model, ranks=[1, 8], bandwidth="1Gbit", latency="50us", steps=3)
+    >>> p.parameters, p.gradient_bytes, [r["ranks"] for r in p.rows]
+    (273418, 1093672, [1, 8])
+    """
+    from kfast import measure
+
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ValueError("kfast.plan needs a compiled model: call model.compile(optimizer, loss) first.")
+    if compression not in _COMPRESSIONS:
+        raise ValueError(f"kfast.plan got compression={compression!r}; use None or 'fp16'.")
+    check_int("kfast.plan", "servers", servers)
+    check_int("kfast.plan", "batch_size", batch_size)
+    check_int("kfast.plan", "steps", steps)
+    check_number("kfast.plan", "threshold", threshold, above=0, below=1)
+    ranks = sorted(set(ranks or scaling.ranks_up_to(1024)))
+    for n in ranks:
+        check_int("kfast.plan", "ranks", n, hint="each a number of ranks >= 1")
+    given = bandwidth is not None or latency is not None
+    bandwidth = scaling.parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else (bandwidth or 1.25e9)
+    latency = scaling.parse_latency(latency) if isinstance(latency, str) else (20e-6 if latency is None else latency)
+    check_number("kfast.plan", "bandwidth", bandwidth, above=0, unit="bytes per second")
+    check_number("kfast.plan", "latency", latency, least=0, unit="seconds")
+    optimizer = model.optimizer
+    accumulation = getattr(optimizer, "backward_passes_per_step", 1)
+    compression = compression or getattr(optimizer, "compression", None)
+    batch = measure.first_batch(dataset) if dataset is not None else _synthetic_batch(model, batch_size)
+    leaves = keras.tree.flatten(batch)
+    batch_size = int(np.shape(leaves[0])[0]) if leaves and np.ndim(leaves[0]) else 1
+    compute_s = float(np.median(measure.compute_seconds(model, batch, steps=steps)))
+    parameters, nbytes, dtype = gradient_size(model, compression)
+    fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _FUSION_DEFAULT)) or nbytes or 1
+    return Plan(name=model.name, parameters=parameters, gradient_bytes=nbytes, dtype=dtype,
+                messages=max(1, math.ceil(nbytes / fusion)), compute_s=compute_s, batch_size=batch_size,
+                bandwidth=bandwidth, latency=latency,
+                link_source=link_source or ("given" if given else "assumed: 10 Gbit/s, 20 us; pass bandwidth="),
+                ranks=ranks, compression=compression, servers=servers, threshold=threshold,
+                accumulation=accumulation)
