@@ -159,8 +159,13 @@ def _run_train(args):
     return 0
 
 
-def launch_command(np, hosts, hostfile, recipe, recipe_args, horovodrun="horovodrun", python=sys.executable):
+def launch_command(np, hosts, hostfile, recipe, recipe_args, horovodrun="horovodrun", python=sys.executable,
+                   elastic=None):
     """The horovodrun command line `kfast launch` runs.
+
+    `elastic`, for an elastic job: `{"min_np", "max_np", "discovery"}` (a host-discovery script, or None for the
+    fixed -H hosts, at least two), and optionally `"interface"` (the network interface the ranks share); the
+    recipe then runs with `--elastic`.
 
     Raises:
         ValueError: for a bad process count or host list, with the expected form.
@@ -172,6 +177,20 @@ def launch_command(np, hosts, hostfile, recipe, recipe_args, horovodrun="horovod
     if hosts and hostfile:
         raise ValueError("pass either -H or --hostfile, not both.")
     cmd = [horovodrun, "-np", str(np)]
+    if elastic:
+        low, high = elastic["min_np"] or np, elastic["max_np"] or np
+        if not 1 <= low <= np <= high:
+            raise ValueError(f"an elastic job needs 1 <= --min-np <= -np <= --max-np; got --min-np {low}, -np {np}, "
+                             f"--max-np {high}.")
+        cmd += ["--min-np", str(low), "--max-np", str(high)]
+        if elastic.get("interface"):
+            cmd += ["--network-interface", elastic["interface"]]
+        recipe_args = [*recipe_args, "--elastic"]
+        if elastic["discovery"]:
+            if hosts or hostfile:
+                raise ValueError("pass either --host-discovery-script or -H/--hostfile, not both.")
+            return cmd + ["--host-discovery-script", elastic["discovery"], python, "-m", "kfast.cli", "train", recipe,
+                          *recipe_args]
     if hosts:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+:\d+(,[A-Za-z0-9_.\-]+:\d+)*", hosts):
             raise ValueError(f"-H {hosts!r} is not a host list; expected host:slots[,host:slots...], "
@@ -201,6 +220,13 @@ def _add_launch(subparsers):
     p.add_argument("--no-preflight", action="store_true",
                    help="start horovodrun without first checking the other hosts")
     p.add_argument("--dry-run", action="store_true", help="print the command without running it")
+    p.add_argument("--elastic", action="store_true",
+                   help="keep training as ranks leave and join, between --min-np and --max-np (Horovod's elastic "
+                        "driver; the recipe runs with --elastic)")
+    p.add_argument("--min-np", type=int, help="with --elastic: the fewest ranks to go on with (default -np)")
+    p.add_argument("--max-np", type=int, help="with --elastic: the most ranks to grow to (default -np)")
+    p.add_argument("--host-discovery-script", metavar="SCRIPT",
+                   help="with --elastic: prints the available host:slots lines, polled every second")
     p.add_argument("recipe", metavar="RECIPE", help="a name from `kfast recipes`")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's options")
     p.set_defaults(run=_run_launch)
@@ -224,6 +250,22 @@ def _preflight(names, directory):
     return False
 
 
+def _local_discovery(slots):
+    """A host-discovery script offering `slots` on localhost, removed when this process exits."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="kfast-launch-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    path = os.path.join(directory, "discover-localhost.sh")
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\necho localhost:{slots}\n")
+    os.chmod(path, 0o755)
+    return path
+
+
 def _run_launch(args):
     import os
     import shlex
@@ -236,7 +278,17 @@ def _run_launch(args):
     try:
         recipes.get(args.recipe)
         horovodrun = horovodrun_path()
-        cmd = launch_command(args.np, args.hosts, args.hostfile, args.recipe, args.args, horovodrun=horovodrun)
+        elastic = None
+        if args.elastic:
+            elastic = {"min_np": args.min_np, "max_np": args.max_np, "discovery": args.host_discovery_script}
+            if not (args.host_discovery_script or args.hosts or args.hostfile):
+                # Horovod's elastic driver wants two hosts or a discovery script: on this host alone, a script
+                # that offers its slots (the ranks share only lo).
+                elastic.update(discovery=_local_discovery(max(args.max_np or args.np, args.np)), interface="lo")
+        elif args.min_np or args.max_np or args.host_discovery_script:
+            raise ValueError("--min-np, --max-np and --host-discovery-script go with --elastic.")
+        cmd = launch_command(args.np, args.hosts, args.hostfile, args.recipe, args.args, horovodrun=horovodrun,
+                             elastic=elastic)
         names = preflight.host_names(args.hosts, args.hostfile)
     except ValueError as e:
         print(f"kfast launch: {e}", file=sys.stderr)

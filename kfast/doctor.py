@@ -54,6 +54,16 @@ def horovod_build():
     return info
 
 
+# What kfast offers on every Keras backend; kfast.distributed needs TensorFlow's (Horovod's TensorFlow collectives).
+EVERY_BACKEND = ("FastLoader", "ArrayDataset", "diagnose", "tune", "AutoTune", "ThroughputMonitor", "GPUMonitor")
+_FRAMEWORKS = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
+_GPU_BUILDS = {
+    "tensorflow": "install the GPU build: pip install 'kfast[gpu]' (tensorflow[and-cuda]) and remove tensorflow-cpu",
+    "jax": "install JAX's CUDA build for the driver: pip install 'jax[cuda13]' (or 'jax[cuda12]')",
+    "torch": "install a CUDA build of PyTorch (PyPI's default Linux wheel is one)",
+}
+
+
 def _problem(report, severity, problem, fix):
     report["problems"].append({"severity": severity, "problem": problem, "fix": fix})
 
@@ -78,18 +88,52 @@ def _check_tensorflow(report, backend):
         import tensorflow as tf
     except Exception as e:  # noqa: BLE001
         report["tensorflow"] = {"version": None, "gpus": None, "error": f"{type(e).__name__}: {e}"}
-        severity = "error" if backend == "tensorflow" else "warning"
-        _problem(report, severity, f"TensorFlow cannot be imported ({e}); the distributed layer needs it.",
-                 "pip install 'kfast[cpu]' on a CPU machine or 'kfast[gpu]' on a GPU machine")
+        if backend == "tensorflow":  # elsewhere _check_backend says what TensorFlow would add
+            _problem(report, "error", f"TensorFlow cannot be imported ({e}); Keras is set to use it.",
+                     "pip install 'kfast[cpu]' on a CPU machine or 'kfast[gpu]' on a GPU machine")
         return None
     gpus = len(tf.config.list_physical_devices("GPU"))
     report["tensorflow"] = {"version": tf.__version__, "gpus": gpus, "error": None}
     return tf.__version__
 
 
-def _check_tensorboard(report, tf_version):
+def _backend_gpus(backend):
+    """The number of GPUs JAX or PyTorch can use, or None when that cannot be told."""
+    try:
+        if backend == "jax":
+            import jax
+
+            return sum(device.platform == "gpu" for device in jax.devices())
+        if backend == "torch":
+            import torch
+
+            return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - a framework that fails here is reported as "unknown"
+        return None
+    return None
+
+
+def _check_backend(report, backend, tf_version):
+    """Records what kfast can do on Keras's backend, and the GPUs a JAX or PyTorch backend sees."""
+    distributed = backend == "tensorflow" and tf_version is not None
+    report["keras"]["works"] = list(EVERY_BACKEND) + (["kfast.distributed"] if distributed else [])
+    report["keras"]["gpus"] = None
+    if backend in (None, "tensorflow"):
+        return
+    report["keras"]["gpus"] = _backend_gpus(backend)
+    _problem(report, "warning",
+             f"Keras runs on {_FRAMEWORKS.get(backend, backend)}: kfast's loaders, diagnose, tune and monitors work "
+             "here, but kfast.distributed (Horovod data-parallel) needs Keras's TensorFlow backend"
+             + ("" if tf_version else ", and keras.callbacks.TensorBoard needs TensorFlow installed") + ".",
+             "to train on several processes, set KERAS_BACKEND=tensorflow, with kfast[cpu] or kfast[gpu] and "
+             "Horovod (bash scripts/install_horovod.sh) installed")
+
+
+def _check_tensorboard(report, tf_version, backend="tensorflow"):
     version = _dist_version("tensorboard")
     report["tensorboard"] = {"version": version}
+    if tf_version is None and backend != "tensorflow":
+        return  # without TensorFlow, TensorBoard alone does not help Keras (_check_backend says so)
     # TensorBoard releases follow TensorFlow's: 2.21.x goes with TensorFlow 2.21.
     want = ".".join(tf_version.split(".")[:2]) if tf_version else None
     pin = f"'tensorboard=={want}.*'" if want else "tensorboard"
@@ -101,12 +145,14 @@ def _check_tensorboard(report, tf_version):
                  "released together and should match.", f"pip install {pin}")
 
 
-def _check_horovod(report, tf_version):
+def _check_horovod(report, tf_version, backend="tensorflow"):
     info = horovod_build()
     info["tensorflow_matches"] = None
     if info["built_for_tensorflow"] and tf_version:
         info["tensorflow_matches"] = info["built_for_tensorflow"] == tf_version
     report["horovod"] = info
+    if not info["installed"] and backend != "tensorflow":
+        return  # kfast.distributed needs the TensorFlow backend first (_check_backend says so)
     if not info["installed"]:
         _problem(report, "warning", "Horovod is not installed: training runs on one process only.",
                  "bash scripts/install_horovod.sh (builds Horovod 0.28.1 for the installed TensorFlow)")
@@ -132,11 +178,12 @@ def _check_gpus(report):
     except nvml.NvmlUnavailable as e:
         report["gpus"] = []
         report["gpus_reason"] = str(e)
-    tf_gpus = (report.get("tensorflow") or {}).get("gpus")
-    if report["gpus"] and tf_gpus == 0:
-        _problem(report, "warning",
-                 f"NVML sees {len(report['gpus'])} GPU(s) but TensorFlow sees none, so training runs on CPU.",
-                 "install the GPU build: pip install 'kfast[gpu]' (tensorflow[and-cuda]) and remove tensorflow-cpu")
+    keras = report.get("keras") or {}
+    backend = keras.get("backend")
+    seen = (report.get("tensorflow") or {}).get("gpus") if backend == "tensorflow" else keras.get("gpus")
+    if report["gpus"] and seen == 0 and backend in _GPU_BUILDS:
+        _problem(report, "warning", f"NVML sees {len(report['gpus'])} GPU(s) but {_FRAMEWORKS[backend]} sees none, "
+                 "so training runs on CPU.", _GPU_BUILDS[backend])
 
 
 def _check_platform(report, system=sys.platform):
@@ -149,7 +196,8 @@ def collect():
     """Runs every check.
 
     Returns:
-        A JSON-serialisable dict: `kfast`, `python`, `platform`, `keras`, `tensorflow`, `tensorboard`,
+        A JSON-serialisable dict: `kfast`, `python`, `platform`, `keras` (with `backend`, the GPUs a JAX or
+        PyTorch backend sees as `gpus`, and what kfast offers there as `works`), `tensorflow`, `tensorboard`,
         `horovod`, `nvidia_ml_py`, `cpus`, `gpus`, `gpus_reason` and `problems` (each with `severity`,
         `problem` and `fix`).
 
@@ -173,8 +221,10 @@ def collect():
     _check_platform(report)
     backend = _check_keras(report)
     tf_version = _check_tensorflow(report, backend)
-    _check_tensorboard(report, tf_version)
-    _check_horovod(report, tf_version)
+    if backend is not None:
+        _check_backend(report, backend, tf_version)
+    _check_tensorboard(report, tf_version, backend)
+    _check_horovod(report, tf_version, backend)
     _check_gpus(report)
     return report
 
@@ -209,9 +259,13 @@ def format_report(report):
     lines = [f"kfast {report['kfast']} doctor", ""]
     rows = [("python", f"{report['python']['version']} ({report['python']['executable']})"),
             ("platform", report["platform"]),
-            ("keras", f"{_or(keras['version'])}, backend {_or(keras['backend'], 'unknown')}"),
+            ("keras", f"{_or(keras['version'])}, backend {_or(keras['backend'], 'unknown')}"
+                      + (f", which sees {keras['gpus']} GPU(s)" if keras.get("gpus") is not None else "")),
             ("tensorflow", f"{_or(tf['version'])}" + (f", sees {tf['gpus']} GPU(s)" if tf["version"] else "")),
             ("tensorboard", _or(report["tensorboard"]["version"]))]
+    if keras.get("works"):
+        rows.insert(3, ("works here", ", ".join(keras["works"]) + (
+            "" if "kfast.distributed" in keras["works"] else "; not kfast.distributed (needs Keras on TensorFlow)")))
     if hvd["installed"]:
         built = [name for name in ("gloo", "mpi", "nccl", "cuda") if hvd[name]]
         match = {True: "matches", False: "MISMATCH", None: "unknown"}[hvd["tensorflow_matches"]]

@@ -19,13 +19,21 @@ class Recipe:
         val: validation data or `None`.
         callbacks: the callbacks, in order.
         fit_kwargs: `epochs`, `initial_epoch`, `verbose` and anything else for `fit`.
+        datasets: `(train, val)` before they were wrapped in loaders, for an elastic job. Defaults to `None`.
+        commit_every: steps between commits of an elastic job; `None` trains with plain `fit`.
     """
 
-    def __init__(self, model, train, val, callbacks, fit_kwargs):
+    def __init__(self, model, train, val, callbacks, fit_kwargs, datasets=None, commit_every=None):
         self.model, self.train, self.val, self.callbacks, self.fit_kwargs = model, train, val, callbacks, fit_kwargs
+        self.datasets, self.commit_every = datasets, commit_every
 
     def fit(self):
-        return self.model.fit(self.train, validation_data=self.val, callbacks=self.callbacks, **self.fit_kwargs)
+        if self.commit_every is None:
+            return self.model.fit(self.train, validation_data=self.val, callbacks=self.callbacks, **self.fit_kwargs)
+        # Elastic: each epoch's loaders are built for the ranks of the moment, with the settings tuned here.
+        return distributed.elastic_fit(self.model, self.datasets[0], validation_data=self.datasets[1],
+                                       callbacks=self.callbacks, commit_every=self.commit_every,
+                                       **self.fit_kwargs, **self.train.settings)
 
     def close(self):
         for loader in (self.train, self.val):
@@ -49,10 +57,14 @@ def add_common_arguments(parser, *, epochs, batch_size, lr):
                         help="where rank 0 writes TensorBoard logs (default: 'tensorboard' beside --checkpoint-dir; "
                              "'none' writes none)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--elastic", action="store_true",
+                        help="train on as the job's ranks leave and join (launch with kfast launch --elastic)")
+    parser.add_argument("--commit-every", type=int, default=20, metavar="STEPS",
+                        help="with --elastic: steps between in-memory commits (default 20)")
 
 
 def check_positive(parser, args):
-    for name in ("epochs", "batch_size"):
+    for name in ("epochs", "batch_size", "commit_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.lr <= 0:
@@ -133,14 +145,20 @@ def assemble(model, train, val, args, monitor="val_loss"):
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
                   jit_compile=False)
     train_loader = loader_for(train, args)
-    return finish(model, train_loader, loader_for(val, args, shuffle=False, like=train_loader), args, monitor)
+    recipe = finish(model, train_loader, loader_for(val, args, shuffle=False, like=train_loader), args, monitor)
+    if args.elastic:
+        recipe.datasets, recipe.commit_every = (train, val), args.commit_every
+        recipe.callbacks = standard_callbacks(args, None, monitor)
+    return recipe
 
 
 def standard_callbacks(args, loader, monitor):
     import kfast.callbacks
 
     callbacks = distributed.default_callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
-        kfast.callbacks.ThroughputMonitor(loader), kfast.callbacks.GPUMonitor()]
+        # An elastic job builds its loaders anew at each change: count samples from the batch size instead.
+        kfast.callbacks.ThroughputMonitor(loader) if loader is not None else
+        kfast.callbacks.ThroughputMonitor(batch_size=args.batch_size), kfast.callbacks.GPUMonitor()]
     log_dir = tensorboard_dir(args)
     if log_dir and distributed.is_chief():
         callbacks.append(keras.callbacks.TensorBoard(log_dir))

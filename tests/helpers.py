@@ -12,14 +12,6 @@ from kfast.distributed import horovodrun_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Keras's JAX and PyTorch trainers begin an epoch, take one batch to build the model, then end it; FastLoader
-# takes that for a partly read epoch and skips the rest of it (a whole epoch loaded for nothing, the workers
-# restarted, the dataset's epoch hooks run once more). Strict: once FastLoader serves that batch again at the
-# next epoch's start instead, the marked tests pass there and this marker must go.
-keras_probe_skips_an_epoch = pytest.mark.xfail(
-    keras.backend.backend() != "tensorflow", strict=True,
-    reason="FastLoader skips the epoch Keras's JAX/PyTorch trainers open to build the model (see tests/helpers.py)")
-
 
 def _horovodrun():
     return horovodrun_path()

@@ -20,6 +20,8 @@ class ShardedDataset:
         rank: this process's rank.
         size: number of ranks.
         mode: `"drop"` or `"pad"`. Defaults to `"drop"`.
+        start: batches at the start of the epoch that are already trained and left out (an elastic job
+            going on mid-epoch with a new number of ranks). Defaults to `0`.
 
     Raises:
         ValueError: for a bad rank, size or mode, or too few batches for the ranks.
@@ -31,26 +33,36 @@ class ShardedDataset:
     [1, 5]
     """
 
-    def __init__(self, dataset, rank, size, mode="drop"):
+    def __init__(self, dataset, rank, size, mode="drop", start=0):
         check_int("ShardedDataset", "size", size, hint="usually kfast.distributed.size()")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
             raise ValueError(f"ShardedDataset got rank={rank!r} with size={size}; rank must be in [0, {size}).")
         if mode not in _MODES:
             raise ValueError(f"ShardedDataset got mode={mode!r}; use 'drop' or 'pad'.")
-        n = len(dataset)
+        check_int("ShardedDataset", "start", start, least=0, hint="batches of the epoch already trained")
+        n = len(dataset) - start
         if n < size:
             raise ValueError(f"ShardedDataset: the dataset has {n} batches for {size} ranks; every rank needs at "
                              "least one. Use a smaller batch size or fewer ranks.")
-        self.dataset, self.rank, self.size, self.mode = dataset, rank, size, mode
+        self.dataset, self.rank, self.size, self.mode, self.start = dataset, rank, size, mode, start
         self._len = n // size if mode == "drop" else -(-n // size)
 
     def __len__(self):
         return self._len
 
     def __getitem__(self, index):
+        return self.dataset[self._source(index)]
+
+    @property
+    def fill_batch(self):
+        """The wrapped dataset's `fill_batch` (see FastLoader) with this shard's indices; absent when it has none."""
+        fill_batch = self.dataset.fill_batch  # AttributeError here makes __getattr__ report it absent too
+        return lambda index, out: fill_batch(self._source(index), out)
+
+    def _source(self, index):
         if not 0 <= index < self._len:
             raise IndexError(f"ShardedDataset index {index} out of range for {self._len} batches.")
-        return self.dataset[(self.rank + index * self.size) % len(self.dataset)]
+        return self.start + (self.rank + index * self.size) % (len(self.dataset) - self.start)
 
     def __getattr__(self, name):
         # Forward on_epoch_end, set_epoch and friends to the wrapped dataset.
@@ -59,6 +71,6 @@ class ShardedDataset:
         return getattr(self.dataset, name)
 
 
-def shard(dataset, rank, size, mode="drop"):
+def shard(dataset, rank, size, mode="drop", start=0):
     """Returns rank `rank`'s `ShardedDataset` of `dataset` (see there)."""
-    return ShardedDataset(dataset, rank, size, mode)
+    return ShardedDataset(dataset, rank, size, mode, start)

@@ -47,17 +47,30 @@ def _import_horovod():
     return hvd
 
 
+def _keras_backend():
+    import keras
+
+    return keras.backend.backend()
+
+
+def _backend_problem(backend):
+    return (f"kfast.distributed trains data-parallel with Horovod's TensorFlow collectives, so it needs Keras's "
+            f"TensorFlow backend, but this process runs Keras on {backend}. Set KERAS_BACKEND=tensorflow to scale "
+            "out (with kfast[cpu] or kfast[gpu] and Horovod installed, see README)")
+
+
 def init():
     """Starts Horovod and pins this process to the GPU of its local rank.
 
     Call it at the top of the training script, before building the model: pinning only works before
     TensorFlow touches the GPUs. Calling it again is harmless. Without `horovodrun` (or without Horovod
-    installed, outside `horovodrun`) the process runs as rank 0 of 1.
+    installed, or with Keras on JAX or PyTorch, outside `horovodrun`) the process runs as rank 0 of 1,
+    with a warning that says why.
 
     Raises:
         ImportError: when launched by `horovodrun` but Horovod cannot be imported.
-        RuntimeError: when TensorFlow already initialised the GPUs, or this host runs more processes
-            than it has GPUs.
+        RuntimeError: when launched by `horovodrun` with Keras on a backend other than TensorFlow, when
+            TensorFlow already initialised the GPUs, or when this host runs more processes than it has GPUs.
 
     Example:
 
@@ -71,6 +84,13 @@ def init():
     global _hvd, _initialised
     if _initialised:
         return
+    backend = _keras_backend()
+    if backend != "tensorflow":
+        if _launched_by_horovodrun():
+            raise RuntimeError(_backend_problem(backend) + ".")
+        warnings.warn(_backend_problem(backend) + "; running as a single process.", stacklevel=2)
+        _initialised = True
+        return
     try:
         hvd = _import_horovod()
     except ImportError:
@@ -83,6 +103,28 @@ def init():
     _pin_gpu(hvd.local_rank(), hvd.local_size())
     _hvd = hvd
     _initialised = True
+
+
+def restart():
+    """Shuts Horovod down and starts it again: how an elastic job re-forms its ring after ranks left or
+    joined (rank and size may change). GPU pinning stays as `init()` left it."""
+    if _hvd is not None:
+        _hvd.shutdown()
+        _hvd.init()
+
+
+def elastic_api():
+    """Horovod's elastic-training pieces, for `kfast.distributed.elastic`.
+
+    Returns:
+        `(notification_manager, HorovodInternalError, HostsUpdatedInterrupt, HostUpdateResult)`.
+    """
+    from horovod.common.elastic import notification_manager
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod.common.exceptions import HostsUpdatedInterrupt
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    return notification_manager, HorovodInternalError, HostsUpdatedInterrupt, HostUpdateResult
 
 
 def _pin_gpu(local_rank, local_size):
