@@ -181,26 +181,34 @@ def _tf_signature(ds):
     return tuple(tf.TensorSpec(np.shape(leaf), np.asarray(leaf).dtype) for leaf in ds[0])
 
 
-def tf_generator(ds, workers):
+def tf_generator_dataset(ds):
     """tf.data `from_generator` over the dataset, with AUTOTUNE prefetch (one producer thread)."""
     import tensorflow as tf
-
-    del workers
 
     def batches():
         for i in range(len(ds)):
             yield ds[i]
 
     data = tf.data.Dataset.from_generator(batches, output_signature=_tf_signature(ds))
-    data = data.prefetch(tf.data.AUTOTUNE)
-    return data.as_numpy_iterator, lambda: None
+    return data.prefetch(tf.data.AUTOTUNE)
+
+
+def tf_generator(ds, workers):
+    """Iterates `tf_generator_dataset(ds)`."""
+    del workers
+    return tf_generator_dataset(ds).as_numpy_iterator, lambda: None
 
 
 def tf_parallel_map(ds, workers):
+    """Iterates `tf_parallel_map_dataset(ds)`."""
+    del workers
+    return tf_parallel_map_dataset(ds).as_numpy_iterator, lambda: None
+
+
+def tf_parallel_map_dataset(ds):
     """tf.data `range(n).map(numpy_function(ds[i]), num_parallel_calls=AUTOTUNE)`, prefetched."""
     import tensorflow as tf
 
-    del workers
     signature = _tf_signature(ds)
 
     def load(i):
@@ -214,8 +222,7 @@ def tf_parallel_map(ds, workers):
         return tuple(leaves)
 
     data = tf.data.Dataset.range(len(ds)).map(fetch, num_parallel_calls=tf.data.AUTOTUNE)
-    data = data.prefetch(tf.data.AUTOTUNE)
-    return data.as_numpy_iterator, lambda: None
+    return data.prefetch(tf.data.AUTOTUNE)
 
 
 def fast_processes(ds, workers):
@@ -539,8 +546,9 @@ class FitResult:
     other_cores: float
 
 
-def fit_rate(make_model, data, epochs):
-    """Fits a fresh model for 1 + `epochs` epochs on `data`; returns a `FitResult`."""
+def fit_rate(make_model, data, epochs, steps=None):
+    """Fits a fresh model for 1 + `epochs` epochs on `data` (`steps` per epoch when `data` has no length,
+    e.g. a repeated Grain dataset); returns a `FitResult`."""
     keras.utils.set_random_seed(0)
     model = make_model()
     model.compile(optimizer="sgd",
@@ -550,11 +558,12 @@ def fit_rate(make_model, data, epochs):
         t0 = time.perf_counter()
         # shuffle=False for every loader: FastLoader keeps its own order, so a shuffled Keras run would
         # not be the same work.
-        model.fit(data, epochs=epochs + 1, shuffle=False, verbose=0, callbacks=[timer])
+        model.fit(data, epochs=epochs + 1, steps_per_epoch=steps, shuffle=False, verbose=0, callbacks=[timer])
         total = time.perf_counter() - t0
     measured = timer.times[1:]
-    return FitResult(steps_per_s=len(data) * epochs / sum(measured),
-                     median_steps_per_s=len(data) / statistics.median(measured),
+    steps = steps or len(data)
+    return FitResult(steps_per_s=steps * epochs / sum(measured),
+                     median_steps_per_s=steps / statistics.median(measured),
                      first_epoch_s=timer.times[0], epoch_s=measured, total_s=total,
                      other_cores=watch.other_cores)
 

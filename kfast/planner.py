@@ -19,6 +19,8 @@ from kfast.checks import check_number
 # Horovod fuses tensors into buffers of this size (HOROVOD_FUSION_THRESHOLD, bytes) before sending.
 _FUSION_DEFAULT = 128 * 1024 * 1024
 _COMPRESSIONS = (None, "fp16")
+# Past this, "use a larger batch" stops being advice: memory and convergence rule it out.
+_MOST_BATCH_FACTOR = 32
 
 
 class Plan:
@@ -75,10 +77,14 @@ class Plan:
         out = []
         need = scaling.needed_compute(largest["exchange_s"], target)
         factor = math.ceil(need / self.compute_s)
-        out.append(f"at {n} ranks the gradient exchange ({scaling.human_seconds(largest['exchange_s'])}) is "
-                   f"{largest['exchange_s'] / self.compute_s:.2g}x the compute ({scaling.human_seconds(self.compute_s)}): "
-                   f"a per-rank batch {factor}x larger ({factor * self.batch_size}) reaches about {target:.0%} "
-                   "(compute grows with the batch, the exchange does not).")
+        ratio = (f"at {n} ranks the gradient exchange ({scaling.human_seconds(largest['exchange_s'])}) is "
+                 f"{largest['exchange_s'] / self.compute_s:.2g}x the compute ({scaling.human_seconds(self.compute_s)})")
+        if factor <= _MOST_BATCH_FACTOR:
+            out.append(f"{ratio}: a per-rank batch {factor}x larger ({factor * self.batch_size}) reaches about "
+                       f"{target:.0%} (compute grows with the batch, the exchange does not).")
+        else:
+            out.append(f"{ratio}: reaching {target:.0%} would take a per-rank batch {factor}x larger, so the link is "
+                       "the limit here: a faster link, or fewer bytes per step (below), helps more.")
         if self.compression is None and self.dtype == "float32":
             half = self.compute_s / (self.compute_s + self._exchange(n, self.gradient_bytes / 2))
             out.append(f"fp16 compression (DistributedOptimizer(..., compression='fp16')) halves the bytes: "

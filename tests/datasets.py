@@ -197,3 +197,27 @@ class CountedBatches(keras.utils.PyDataset):
 
     def on_epoch_end(self):
         self.hooks.append("end")
+
+
+class FillsOnly(Squares):
+    """Squares written by `fill_batch`: `__getitem__` serves batch 0 alone (FastLoader's template), so every
+    other batch proves the fill path ran. The last batch holds 2 samples; `fill_batch` raises on `bad` and
+    returns `returns` (instead of the sample count) when given."""
+
+    def __init__(self, n=10, bad=None, returns=None, **kwargs):
+        super().__init__(n, **kwargs)
+        self.bad, self.returns = bad, returns
+
+    def __getitem__(self, i):
+        if i != 0:
+            raise AssertionError(f"FastLoader asked __getitem__ for batch {i} instead of calling fill_batch")
+        return super().__getitem__(i)
+
+    def fill_batch(self, i, out):
+        if i == self.bad:
+            raise ValueError(f"cannot decode record {i} into the slot")
+        rows = 2 if i == self.n - 1 else 4
+        x, y = out
+        x[:rows] = i
+        y[:rows] = [i, i * i]
+        return self.returns if self.returns is not None else rows

@@ -39,12 +39,14 @@ def test_dry_run_reports_doctor_gpu_monitor_and_both_feeds_side_by_side(tmp_path
     assert "  |   works here    FastLoader, ArrayDataset, diagnose, tune" in out  # kfast doctor's own report
     assert "NVML: no GPU visible" in out and "a scripted sampler stands in for NVML" in out
     assert f"== GPUMonitor during fit ({backend})" in out
-    assert re.search(r"\[PASS\] GPUMonitor: scripted samples reach the logs \(utilisation [37]0% > 0", out)
+    # The scripted sampler alternates 30% and 70%: an epoch's mean lies between, by how many samples it took.
+    assert re.search(r"\[PASS\] GPUMonitor: scripted samples reach the logs \(utilisation ([3-6]\d|70)% > 0", out)
     assert "decoded with Pillow, random crop 40, resize to 32" in out
     assert re.search(r"kfast\.tune: \d+ (thread|process)", out)
     assert re.search(r"\n  loader settings +Keras's default \(1 thread\) +\d+ (thread|process)", out)
     assert re.search(r"\n  steps/s +\d+\.\d +\d+\.\d\n", out)
-    assert re.search(r"\n  GPU utilisation \(mean\) +[37]0% +[37]0%\n", out)
+    means = re.search(r"\n  GPU utilisation \(mean\) +(\d+)% +(\d+)%\n", out)
+    assert means and all(30 <= int(m) <= 70 for m in means.groups()), out
     assert re.search(rf"\n  kfast\.diagnose verdict +{VERDICT} +{VERDICT}\n", out)
     assert re.search(r"\nAll checks passed in 0m\d\ds\.$", out.rstrip())
 

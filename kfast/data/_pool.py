@@ -156,9 +156,11 @@ class Waiter:
 
 
 class ProcessPool:
-    """`workers` processes from the fork server; numeric batches come back in `slots` shared-memory slots."""
+    """`workers` processes from the fork server; numeric batches come back in `slots` shared-memory slots.
 
-    def __init__(self, dataset, workers, slots, slot_bytes, name, seed=0, timeout=None):
+    `template` (batch 0's `(spec, layout)`, see `_fill`) lets a dataset with `fill_batch` write into them."""
+
+    def __init__(self, dataset, workers, slots, slot_bytes, name, seed=0, timeout=None, template=None):
         try:
             payload = dumps(dataset)
         except Exception as e:  # noqa: BLE001 - pickling can raise almost anything
@@ -180,7 +182,7 @@ class ProcessPool:
             parent_end, child_end = ctx.Pipe(duplex=True)
             stack_read, stack_write = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker.run, name=f"kfast-loader-{i}", daemon=True,
-                            args=(child_end, lifeline_read, stack_write, payload, ring, seed, i))
+                            args=(child_end, lifeline_read, stack_write, payload, ring, seed, i, template))
             with _main_hidden():
                 p.start()
             child_end.close()  # so a dead worker reads as EOF here, not as silence

@@ -5,6 +5,7 @@ exit, so one `__getitem__` that never returns would keep Python from exiting. `c
 for running tasks, then abandons a stuck thread (and says so); a daemon thread does not block exit.
 """
 
+import functools
 import queue
 import sys
 import threading
@@ -14,6 +15,7 @@ import warnings
 from concurrent import futures
 from concurrent.futures import Future
 
+from kfast.data import _fill
 from kfast.data._pool import _POLL_S
 from kfast.data._pool import Waiter
 from kfast.data._pool import WorkerError
@@ -39,10 +41,12 @@ def _run(tasks, running):
 
 
 class ThreadPool:
-    """`workers` daemon threads sharing the dataset."""
+    """`workers` daemon threads sharing the dataset; with `template` (see `_fill`), `fill_batch` writes
+    each batch into fresh arrays, as it writes into shared memory in worker processes."""
 
-    def __init__(self, dataset, workers, timeout=None):
-        self._dataset, self._timeout = dataset, timeout
+    def __init__(self, dataset, workers, timeout=None, template=None):
+        self._timeout, self._template = timeout, template
+        self.update_dataset(dataset)
         self._tasks = queue.SimpleQueue()
         self._running = {}  # thread ident -> batch index it is loading
         self._threads = [threading.Thread(target=_run, args=(self._tasks, self._running), daemon=True,
@@ -54,10 +58,12 @@ class ThreadPool:
     def submit(self, seq, index, epoch):
         future = Future()
         self._futures[seq] = (index, future)
-        self._tasks.put((future, self._dataset.__getitem__, index))
+        self._tasks.put((future, self._load, index))
 
     def update_dataset(self, dataset):
-        self._dataset = dataset
+        fill_batch = _fill.method(dataset) if self._template is not None else None
+        self._load = (functools.partial(_fill.new_batch, fill_batch, self._template) if fill_batch is not None
+                      else dataset.__getitem__)
 
     def _describe(self, index):
         frames = sys._current_frames()

@@ -1,9 +1,9 @@
 """ArrayDataset: batches sliced from in-memory arrays."""
 
-from kfast.checks import check_int
-
 import keras
 import numpy as np
+
+from kfast.checks import check_int
 
 
 class ArrayDataset(keras.utils.PyDataset):
@@ -11,6 +11,7 @@ class ArrayDataset(keras.utils.PyDataset):
 
     With `shuffle=True` the samples are permuted anew each epoch by `set_epoch(epoch)`, a pure function
     of `seed` and the epoch, so FastLoader workers agree on it without receiving the arrays again.
+    FastLoader gathers each batch straight into the shared memory it travels in (`fill_batch`).
 
     Args:
         x: array, or list/tuple/dict of arrays, with the same first dimension.
@@ -55,8 +56,36 @@ class ArrayDataset(keras.utils.PyDataset):
         return -(-self.num_samples // self.batch_size)
 
     def __getitem__(self, index):
+        rows = self._rows(index)
+        batch = tuple(keras.tree.map_structure(lambda a: np.asarray(a)[rows], part) for part in self._parts)
+        return batch[0] if len(batch) == 1 else batch
+
+    def fill_batch(self, index, out):
+        """Writes batch `index` into `out`, arrays shaped like batch 0's, and returns its number of samples.
+
+        FastLoader calls this instead of `__getitem__`, so that each batch is gathered straight into the
+        shared memory it travels in.
+        """
+        if not 0 <= index < len(self):
+            raise IndexError(f"ArrayDataset index {index} is out of range for {len(self)} batches.")
+        rows = self._rows(index)
+        count = min(self.batch_size, self.num_samples - index * self.batch_size)
+        parts = tuple(self._parts)
+        keras.tree.map_structure(lambda a, dst: _gather(a, rows, dst[:count]), parts,
+                                 out if len(parts) > 1 else (out,))
+        return count
+
+    def _rows(self, index):
         rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
         if self._order is not None:
             rows = np.sort(self._order[rows])  # sorted rows make the gather read memory in order
-        batch = tuple(keras.tree.map_structure(lambda a: np.asarray(a)[rows], part) for part in self._parts)
-        return batch[0] if len(batch) == 1 else batch
+        return rows
+
+
+def _gather(array, rows, out):
+    array = np.asarray(array)
+    if isinstance(rows, slice):
+        np.copyto(out, array[rows], casting="no")
+    else:
+        # mode="clip" (the rows are valid anyway): the default, "raise", gathers into a temporary first.
+        np.take(array, rows, axis=0, out=out, mode="clip")

@@ -11,6 +11,7 @@ import psutil
 
 from kfast.checks import check_int, check_number
 from kfast import distributed
+from kfast.data import _fill
 from kfast.data import _interrupt
 from kfast.data import _pool
 from kfast.data import _signals
@@ -71,6 +72,11 @@ class FastLoader(keras.utils.PyDataset):
     numpy batches come back through a ring of shared-memory slots, anything else is pickled. Use
     processes (the default) when `__getitem__` runs Python code that holds the GIL, threads
     (`use_multiprocessing=False`) when it mostly runs numpy or I/O that releases it.
+
+    A dataset may also define `fill_batch(index, out)` to skip a copy: `out` has batch 0's structure, its
+    leaves empty arrays of batch 0's shapes and dtypes (in worker processes, views of the shared-memory
+    slot the batch travels in), and `fill_batch` writes batch `index` into them, returning `None`, or the
+    number of leading samples it wrote when the batch is short. `kfast.data.ArrayDataset` does this.
 
     Under Horovod (after `kfast.distributed.init()`), each rank loads only its own shard of the batches,
     the same number on every rank (`kfast.data.shard`, mode "drop"); shard yourself to choose "pad".
@@ -163,6 +169,8 @@ class FastLoader(keras.utils.PyDataset):
         self._signature = None
         self._orders = {}
         self._armed = False
+        self._first = None  # (position, batch, samples) of an epoch's first batch, until its second is taken
+        self._replay = None
         self._dispatched = self._consumed = 0
         self._dataset_epoch = 0
         self._lock = threading.RLock()
@@ -211,20 +219,24 @@ class FastLoader(keras.utils.PyDataset):
     # -- the stream of batches ------------------------------------------------------------------------
 
     def _start(self):
-        first = self.dataset[self._index(0, 0)]
+        # fill_batch is lent arrays shaped like batch 0 (a whole batch: only the last may be short).
+        fills = _fill.method(self.dataset) is not None
+        first = self.dataset[0 if fills else self._index(0, 0)]
         if self._signature is None:
             self._signature = structure.signature(first)
-        _, leaves = structure.flatten(first)
+        spec, leaves = structure.flatten(first)
         layout, nbytes = structure.shm_layout(leaves)
         self._check_memory(nbytes or sum(np.asarray(leaf).nbytes for leaf in leaves))
+        template = (spec, layout) if fills and layout is not None else None
         if self._processes:
             # Two slots more than the queue: the batches just handed out are usually still in use. A later
             # batch larger than this first one grows the slots.
             self._pool = _pool.ProcessPool(self.dataset, self._num_workers, self._in_flight + 2,
                                            nbytes if layout is not None else 0, type(self.dataset).__name__,
-                                           seed=self.seed, timeout=self.timeout)
+                                           seed=self.seed, timeout=self.timeout, template=template)
         else:
-            self._pool = _threads.ThreadPool(self.dataset, self._num_workers, timeout=self.timeout)
+            self._pool = _threads.ThreadPool(self.dataset, self._num_workers, timeout=self.timeout,
+                                             template=template)
 
     def _check_memory(self, batch_bytes):
         need = (self._window + 2) * batch_bytes
@@ -299,7 +311,9 @@ class FastLoader(keras.utils.PyDataset):
                 f"{structure.describe(got)}, but the first batch had {structure.describe(self._signature)}. "
                 "Every batch must have the same nesting, dtypes and ranks.")
         leaves = flat[1]
-        self.samples_served += len(leaves[0]) if leaves and np.ndim(leaves[0]) else 1
+        samples = len(leaves[0]) if leaves and np.ndim(leaves[0]) else 1
+        self.samples_served += samples
+        self._first = (seq, batch, samples) if self._armed and seq % self._n == 0 else None
         return batch
 
     # -- PyDataset / iteration ------------------------------------------------------------------------
@@ -311,6 +325,10 @@ class FastLoader(keras.utils.PyDataset):
         if not -self._n <= index < self._n:
             raise IndexError(f"FastLoader index {index} is out of range for {self._n} batches.")
         if self._armed:
+            if self._replay is not None:
+                (_, batch, samples), self._replay = self._replay, None
+                self.samples_served += samples
+                return batch
             return self._next()
         # Outside an epoch (Keras probing the first batches, or a user's direct look-up): the batch at
         # that position of the current epoch, loaded right here.
@@ -319,6 +337,13 @@ class FastLoader(keras.utils.PyDataset):
     def on_epoch_begin(self):
         self._interrupt_mark = time.monotonic()  # a Ctrl-C caught before this epoch is not ours to act on
         self._interrupted = False
+        first, self._first = self._first, None
+        if first is not None and first[0] == self._consumed - 1 and self._consumed % self._n == 1:
+            # The last epoch ended right after its first batch, as Keras's JAX and PyTorch trainers do to
+            # build the model from one batch: this epoch starts with that batch again instead of skipping
+            # the rest of its epoch (the dataset's on_epoch_begin already ran for it).
+            self._replay, self._armed = first, True
+            return
         if self._consumed % self._n:
             # Something consumed part of an epoch outside Keras's loop (diagnose, a partial iteration):
             # Keras's epoch starts a whole one, so no batch is repeated or missing in it.
@@ -331,6 +356,7 @@ class FastLoader(keras.utils.PyDataset):
 
     def on_epoch_end(self):
         self._armed = False
+        self._replay = None
 
     def __iter__(self):
         """Yields one epoch of batches in the loader's order (the rest of it, if one was under way)."""
@@ -339,6 +365,7 @@ class FastLoader(keras.utils.PyDataset):
 
     def close(self):
         """Stops the workers and frees shared memory. The loader restarts them if used again."""
+        self._first = self._replay = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None

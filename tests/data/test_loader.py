@@ -173,7 +173,7 @@ def test_inconsistent_batch_structure_is_a_type_error(use_multiprocessing):
 
 
 def test_fit_trains_after_tensorflow_started_its_thread_pools():
-    import tensorflow as tf
+    tf = pytest.importorskip("tensorflow", reason="TensorFlow's thread pools exist only where TensorFlow is installed")
 
     tf.reduce_sum(tf.random.normal((256, 256)) @ tf.random.normal((256, 256))).numpy()
     keras.utils.set_random_seed(0)
@@ -209,6 +209,7 @@ def test_fit_sees_every_batch_once_per_epoch():
 
 
 def test_to_tf_dataset_yields_the_same_batches():
+    pytest.importorskip("tensorflow", reason="to_tf_dataset() builds a tf.data.Dataset, so it needs TensorFlow")
     with FastLoader(datasets.Squares(n=5), workers=2) as loader:
         got = [(x.numpy(), y.numpy()) for x, y in loader.to_tf_dataset()]
     assert _ids(got) == list(range(5))

@@ -9,6 +9,7 @@ import collections
 import glob
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -31,8 +32,9 @@ def _start(cluster, np, min_np, max_np, epochs, extra=()):
     with open(cluster.path("hostA", "work", "discover.sh"), "w") as f:
         f.write(f"#!/bin/sh\ncat {WORK}/hosts.txt\n")
     os.chmod(cluster.path("hostA", "work", "discover.sh"), 0o755)
-    for name in cluster.names:
-        os.makedirs(cluster.path(name, "work", "out"), exist_ok=True)
+    for name in cluster.names:  # the hosts' disks outlive a test: start each job with empty records
+        shutil.rmtree(cluster.path(name, "work", "out"), ignore_errors=True)
+        os.makedirs(cluster.path(name, "work", "out"))
     cmd = ["horovodrun", "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
            "--host-discovery-script", f"{WORK}/discover.sh", *extra, sys.executable, f"{SCRIPTS}/elastic_job.py",
            f"{WORK}/out", str(epochs)]
@@ -60,19 +62,34 @@ def _kill_job(cluster, name):
     return pids
 
 
+@pytest.fixture
+def jobs():
+    """Started jobs, stopped at the end of the test whatever happened (their pipes closed)."""
+    started = []
+    yield started
+    for job in started:
+        if job.proc.poll() is None:
+            job.stop()
+        elif not job.proc.stdout.closed:
+            job.proc.stdout.close()
+
+
 @pytest.mark.timeout(400)
-def test_a_host_dies_mid_epoch_the_job_goes_on_and_the_host_rejoins(fresh):
+def test_a_host_dies_mid_epoch_the_job_goes_on_and_the_host_rejoins(fresh, jobs):
     cluster = fresh
     _write_hosts(cluster, ["hostA", "hostB", "hostC"])
     job = _start(cluster, 3, 2, 3, 60, extra=["--blacklist-cooldown-range", "2", "4", "--elastic-timeout", "120"])
+    jobs.append(job)
     # hostC trains into the second epoch, then its ranks die and it leaves the discovery script's list.
     if not wait_until(lambda: [r for r in _lines(cluster, "trained", ["hostC"]) if int(r[1]) >= 1 and int(r[2]) >= 12],
                       timeout=150):
         job.stop()
         pytest.fail(f"hostC never reached epoch 1:\n{job.output}")
-    _write_hosts(cluster, ["hostA", "hostB"])
     killed_at = time.time()
     assert _kill_job(cluster, "hostC")
+    # Then off the list (before the 2-4 s blacklist cooldown ends): a delisted host's ranks would be stopped
+    # by the driver itself, not killed.
+    _write_hosts(cluster, ["hostA", "hostB"])
     # The survivors go on; the time lost is from the kill to their next trained batch.
     resumed = wait_until(lambda: [float(r[3]) for r in _lines(cluster, "trained", ["hostA", "hostB"])
                                   if float(r[3]) > killed_at + 0.05], timeout=120)
@@ -133,15 +150,16 @@ def test_a_host_dies_mid_epoch_the_job_goes_on_and_the_host_rejoins(fresh):
 
 
 @pytest.mark.timeout(200)
-def test_below_min_np_the_job_ends_with_a_clear_error(fresh):
+def test_below_min_np_the_job_ends_with_a_clear_error(fresh, jobs):
     cluster = fresh
     _write_hosts(cluster, ["hostA", "hostB"])
     job = _start(cluster, 2, 2, 2, 60, extra=["--elastic-timeout", "10"])
+    jobs.append(job)
     if not wait_until(lambda: _lines(cluster, "trained", ["hostB"]), timeout=150):
         job.stop()
         pytest.fail(f"hostB never trained:\n{job.output}")
-    _write_hosts(cluster, ["hostA"])
     assert _kill_job(cluster, "hostB")
+    _write_hosts(cluster, ["hostA"])
     code, took = job.wait(timeout=90)
     print(f"\nbelow --min-np: horovodrun exited {code} {took:.1f} s after the kill")
     assert code != 0
