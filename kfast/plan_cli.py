@@ -51,8 +51,6 @@ def run(args):
                   file=sys.stderr, flush=True)
             latency, bandwidth, _ = link_probe.measure(hosts)
             source = f"measured between {hosts[0]} and {hosts[1]}"
-        elif args.bandwidth and not args.latency:
-            latency = "20us"
     except (ValueError, RuntimeError) as e:
         print(f"kfast plan: {e}", file=sys.stderr)
         return 2

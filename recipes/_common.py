@@ -145,10 +145,11 @@ def assemble(model, train, val, args, monitor="val_loss"):
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
                   jit_compile=False)
     train_loader = loader_for(train, args)
-    recipe = finish(model, train_loader, loader_for(val, args, shuffle=False, like=train_loader), args, monitor)
+    val_loader = loader_for(val, args, shuffle=False, like=train_loader)
+    # An elastic job builds its loaders anew at each change: its monitor counts from the batch size instead.
+    recipe = finish(model, train_loader, val_loader, args, monitor, counted=None if args.elastic else train_loader)
     if args.elastic:
         recipe.datasets, recipe.commit_every = (train, val), args.commit_every
-        recipe.callbacks = standard_callbacks(args, None, monitor)
     return recipe
 
 
@@ -156,7 +157,6 @@ def standard_callbacks(args, loader, monitor):
     import kfast.callbacks
 
     callbacks = distributed.default_callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
-        # An elastic job builds its loaders anew at each change: count samples from the batch size instead.
         kfast.callbacks.ThroughputMonitor(loader) if loader is not None else
         kfast.callbacks.ThroughputMonitor(batch_size=args.batch_size), kfast.callbacks.GPUMonitor()]
     log_dir = tensorboard_dir(args)
@@ -165,9 +165,10 @@ def standard_callbacks(args, loader, monitor):
     return callbacks
 
 
-def finish(model, train, val, args, monitor="val_loss"):
+def finish(model, train, val, args, monitor="val_loss", *, counted):
+    """The Recipe around compiled `model`; `counted` is the loader ThroughputMonitor counts samples from."""
     initial_epoch = distributed.restore(model, args.checkpoint_dir) if args.resume else 0
-    return Recipe(model, train, val, standard_callbacks(args, train, monitor),
+    return Recipe(model, train, val, standard_callbacks(args, counted, monitor),
                   {"epochs": args.epochs, "initial_epoch": initial_epoch, "verbose": 2 if distributed.is_chief() else 0})
 
 
