@@ -103,8 +103,9 @@ def test_a_host_dies_mid_epoch_the_job_goes_on_and_the_host_rejoins(fresh, jobs)
                                       if r[2] == "3" and int(r[1]) > int(two_ranks[0][1])], timeout=150)
     assert three_again, job.output
     joined_at = min(float(r[3]) for r in _lines(cluster, "trained", ["hostC"]) if float(r[3]) > rejoin_asked)
-    with open(cluster.path("hostA", "work", "out", "finish"), "w"):
-        pass
+    for name in cluster.names:  # on every disk: after the rejoin, rank 0 may be on any host
+        with open(cluster.path(name, "work", "out", "finish"), "w"):
+            pass
     code, _ = job.wait(timeout=120)
     assert code == 0, job.output
 
@@ -113,11 +114,12 @@ def test_a_host_dies_mid_epoch_the_job_goes_on_and_the_host_rejoins(fresh, jobs)
         for path in glob.glob(cluster.path(name, "work", "out", "final-rank*.json")):
             with open(path) as f:
                 finals[(name, os.path.basename(path))] = json.load(f)
-    assert sorted(finals) == [("hostA", "final-rank0.json"), ("hostB", "final-rank1.json"),
-                              ("hostC", "final-rank2.json")], job.output
+    # One rank per host; Horovod numbers them anew after the rejoin, so which host is rank 0 may change.
+    assert sorted(host for host, _ in finals) == ["hostA", "hostB", "hostC"], job.output
+    assert sorted(name for _, name in finals) == ["final-rank0.json", "final-rank1.json", "final-rank2.json"]
     states = [f["state"] for f in finals.values()]
     assert states[0] == states[1] == states[2]  # weights and SGD momentum, bit for bit, on all three
-    chief = finals[("hostA", "final-rank0.json")]
+    chief = next(f for (_, name), f in finals.items() if name == "final-rank0.json")
     assert chief["size"] == 3
     resets = chief["resets"]
     assert [(r["size_before"], r["size_after"]) for r in resets] == [(3, 2), (2, 3)], resets
