@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from kfast.checks import check_int
+from kfast import fit_burst
 from kfast import gpu_sampling
 from kfast import nvml
 from kfast.diagnosis import Diagnosis
@@ -71,13 +72,6 @@ def _batches(data, count):
                              "data that can be read more than once (a keras.utils.PyDataset or a tf.data.Dataset).")
 
 
-def _state(model):
-    variables = list(model.variables)
-    if model.optimizer is not None:
-        variables += list(model.optimizer.variables)
-    return variables, [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
-
-
 def first_batch(data):
     """The first batch of `data` (a PyDataset-like object, a FastLoader or an iterable)."""
     for batch in _batches(data, 1):
@@ -88,12 +82,8 @@ def first_batch(data):
 def compute_seconds(model, batch, *, steps=10, warmup=3):
     """Seconds of each of `steps` training steps on one cached `batch`: the model alone, no input, through
     fit's own train step. The model's weights and optimizer state are put back afterwards."""
-    variables, saved = _state(model)
-    try:
+    with fit_burst.state_kept(model):
         return _fit(model, _Repeat(batch, warmup + steps), warmup + steps)[warmup:]
-    finally:
-        for v, value in zip(variables, saved):
-            v.assign(value)
 
 
 def _fit(model, data, steps):
@@ -158,7 +148,6 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
     thread = gpu_sampling.GpuSampler(sampler, 0.05, owner_thread=threading.get_ident(),
                                      stop_when_left="diagnose").start() if sampler else None
 
-    variables, saved = _state(model)
     times, gpu, timeline, spans = {}, {}, [], {}
     began = time.monotonic()  # the sampler's clock, for the picture's GPU timeline
 
@@ -170,21 +159,20 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
             gpu[name] = gpu_sampling.summarize(samples)
 
     try:
-        first, stamps = None, [time.perf_counter()]
-        for batch in _batches(data, total):
-            first = batch if first is None else first
-            stamps.append(time.perf_counter())
-        times["input"] = np.diff(stamps)[warmup:]
-        phase_end("input")
-        times["compute"] = _fit(model, _Repeat(first, total), total)[warmup:]
-        phase_end("compute")
-        times["end_to_end"] = _fit(model, data, total)[warmup:]
-        phase_end("end_to_end")
+        with fit_burst.state_kept(model):
+            first, stamps = None, [time.perf_counter()]
+            for batch in _batches(data, total):
+                first = batch if first is None else first
+                stamps.append(time.perf_counter())
+            times["input"] = np.diff(stamps)[warmup:]
+            phase_end("input")
+            times["compute"] = _fit(model, _Repeat(first, total), total)[warmup:]
+            phase_end("compute")
+            times["end_to_end"] = _fit(model, data, total)[warmup:]
+            phase_end("end_to_end")
     finally:
         if thread is not None:
             thread.stop()
-        for v, value in zip(variables, saved):
-            v.assign(value)
     leaves = keras.tree.flatten(first)
     batch_size = int(np.shape(leaves[0])[0]) if leaves and np.ndim(leaves[0]) else 1
     settings = getattr(data, "settings", {})

@@ -28,12 +28,14 @@ def cache_path():
     return os.path.join(root, "tune.json")
 
 
-def signature(dataset):
-    """A key naming this host and the dataset's class, length and first batch's structure and shapes."""
+def signature(dataset, model=None):
+    """A key naming this host and the dataset's class, length and first batch's structure and shapes, and
+    the model (name and parameter count) when tuning measured training steps."""
     spec, leaves = structure.flatten(dataset[0])
     shapes = [f"{np.asarray(leaf).dtype.str}{list(np.shape(leaf))}" for leaf in leaves]
     cls = type(dataset)
-    return f"{socket.gethostname()}|{cls.__module__}.{cls.__qualname__}|{len(dataset)}|{spec}|{shapes}"
+    key = f"{socket.gethostname()}|{cls.__module__}.{cls.__qualname__}|{len(dataset)}|{spec}|{shapes}"
+    return key if model is None else f"{key}|fit:{model.name}:{model.count_params()}"
 
 
 def _read(path, quiet=False):

@@ -4,6 +4,7 @@ import os
 import time
 
 from kfast.checks import check_int, check_number
+from kfast import fit_burst
 from kfast import tune_cache
 from kfast.data.loader import FastLoader
 
@@ -121,7 +122,8 @@ def _choose(trials):
     return min(good, key=lambda t: (t["workers"], t["max_queue_size"], -t["batches_per_s"]))
 
 
-def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, force=False, progress=None):
+def tune(dataset, *, model=None, budget_s=30, max_workers=None, target_batches_per_s=None, force=False,
+         progress=None):
     """Finds the fastest FastLoader settings for `dataset` on this machine, by measuring.
 
     Tries threads, then processes, with 1, 2, 4, ... workers (up to `max_workers`), each in a short burst
@@ -132,8 +134,15 @@ def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, f
     malformed cache entry is ignored with a warning and measured again, and a cache that cannot be written
     (see `KFAST_CACHE_DIR`) costs a warning, not the result.
 
+    Without `model` a burst reads batches as fast as the loader makes them. With a compiled `model`, each
+    burst trains it through `fit`'s own step and counts steps/s: the training step competes with the
+    loader for the cores (and, with threads, for the GIL), so the setting that makes batches fastest on
+    its own is not always the one that trains fastest. The model's weights and optimizer state are put
+    back afterwards.
+
     Args:
         dataset: anything FastLoader accepts.
+        model: a compiled Keras model to measure training steps with. Defaults to `None`: the loader alone.
         budget_s: time budget in seconds. Defaults to `30`.
         max_workers: the most workers to try. Defaults to `None`: twice the usable CPU cores.
         target_batches_per_s: stop once this rate is reached. Defaults to `None`.
@@ -144,8 +153,8 @@ def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, f
         A `TuneResult`; `result.loader(dataset)` builds the configured FastLoader.
 
     Raises:
-        ValueError: for a budget that is not a finite number > 0, or a max_workers that is not a positive
-            int or None.
+        ValueError: for a budget that is not a finite number > 0, a max_workers that is not a positive
+            int or None, or a model that is not compiled and built.
 
     Example:
 
@@ -164,7 +173,9 @@ def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, f
     check_int("tune", "max_workers", max_workers, or_none=f"for twice the usable CPU cores ({2 * cpus})")
     if max_workers is None:
         max_workers = 2 * cpus
-    key = tune_cache.signature(dataset)
+    if model is not None:
+        fit_burst.check_model("tune", model)
+    key = tune_cache.signature(dataset, model)
     # An explicit max_workers above 4x the cores is honoured; a cached count beyond both is not tune's.
     cached = None if force else tune_cache.load(key, most_workers=max(max_workers, 4 * cpus))
     # A result measured with a larger max_workers breaks this call's limit: measure within it instead.
@@ -175,8 +186,17 @@ def tune(dataset, *, budget_s=30, max_workers=None, target_batches_per_s=None, f
     burst = max(0.3, min(2.0, budget_s / 10))
 
     def measure(workers, processes, queue):
+        if model is not None:
+            with FastLoader(dataset, workers=workers, use_multiprocessing=processes,
+                            max_queue_size=queue) as loader:
+                return fit_burst.steps_per_s(model, loader, warmup=max(2, queue), seconds=burst)
         return measure_loader(dataset, workers, processes, queue, seconds=burst)
 
-    result = _search(measure, max_workers, target=target_batches_per_s, budget_s=budget_s, progress=progress)
+    if model is None:
+        result = _search(measure, max_workers, target=target_batches_per_s, budget_s=budget_s, progress=progress)
+    else:
+        with fit_burst.state_kept(model):
+            result = _search(measure, max_workers, target=target_batches_per_s, budget_s=budget_s,
+                             progress=progress)
     tune_cache.store(key, result.to_dict())
     return result

@@ -209,3 +209,71 @@ def test_a_cached_result_beyond_max_workers_is_measured_again(tmp_path, monkeypa
     assert kfast.tune(data, budget_s=0.1, max_workers=2).from_cache
     result = kfast.tune(data, **QUICK)
     assert not result.from_cache and result.workers == 1
+
+
+def _twin_models():
+    import keras
+
+    def make():
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+        return model
+
+    return make(), make()
+
+
+def _training_data():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    return kfast.data.ArrayDataset(rng.normal(size=(64, 8)).astype("float32"),
+                                   rng.normal(size=(64, 1)).astype("float32"), batch_size=8)
+
+
+def test_a_fit_burst_trains_the_model_and_keeps_its_history():
+    from kfast import fit_burst
+
+    model, _ = _twin_models()
+    history = model.fit(_training_data(), epochs=1, verbose=0)
+    steps = int(model.optimizer.iterations.numpy())
+    with FastLoader(_training_data(), workers=1, use_multiprocessing=False) as loader:
+        rate = fit_burst.steps_per_s(model, loader, warmup=2, seconds=0.2)
+    trained = int(model.optimizer.iterations.numpy()) - steps
+    # The burst ran real training steps (warm-up included), and fit's History still is the user's.
+    assert rate > 0 and trained >= 2 + 3
+    assert model.history is history
+
+
+def test_tune_with_a_model_measures_training_and_leaves_it_as_if_it_never_ran(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.setenv("KFAST_CACHE_DIR", str(tmp_path))
+    tuned, untouched = _twin_models()
+    data = _training_data()
+    seen = []
+    result = kfast.tune(data, model=tuned, budget_s=4, max_workers=2, force=True, progress=seen.append)
+    assert not result.from_cache and result.batches_per_s > 0 and len(seen) == len(result.trials) >= 2
+    # The same fit afterwards trains exactly as on a twin that was never tuned: weights, Adam's moments
+    # and step count were all put back.
+    # shuffle=False: fit shuffles a PyDataset's batch order from the global RNG, which tuning draws from.
+    tuned.fit(data, epochs=2, shuffle=False, verbose=0)
+    untouched.fit(data, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(tuned.get_weights(), untouched.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert int(tuned.optimizer.iterations.numpy()) == int(untouched.optimizer.iterations.numpy()) == 16
+    # Training-step results are cached apart from loader-only ones.
+    assert kfast.tune(data, model=tuned, budget_s=4, max_workers=2).from_cache
+    assert not kfast.tune(data, budget_s=1, max_workers=1).from_cache
+
+
+def test_tune_rejects_a_model_it_cannot_measure_or_put_back():
+    import keras
+
+    data = _training_data()
+    with pytest.raises(ValueError, match=r"not compiled; call model.compile"):
+        kfast.tune(data, model=keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]), force=True)
+    unbuilt = keras.Sequential([keras.layers.Dense(1)])
+    unbuilt.compile("sgd", "mse")
+    with pytest.raises(ValueError, match=r"is not built yet"):
+        kfast.tune(data, model=unbuilt, force=True, budget_s=1)
