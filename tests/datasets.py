@@ -221,3 +221,53 @@ class FillsOnly(Squares):
         x[:rows] = i
         y[:rows] = [i, i * i]
         return self.returns if self.returns is not None else rows
+
+
+class Tagged(keras.utils.PyDataset):
+    """Batch i: x = full((2, 2), i) float32, y = full(2, e) int64, e the epochs ended so far (on_epoch_end).
+
+    Its `worker_dataset()`, `TaggedInWorker`, deliberately serves y = 1000 + e instead, so a test can tell
+    which form served a batch, and whether the workers got the form made after the last epoch hook."""
+
+    def __init__(self, n=4, **kwargs):
+        super().__init__(**kwargs)
+        self.n, self.ends = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((2, 2), i, "float32"), np.full(2, self.ends, "int64")
+
+    def on_epoch_end(self):
+        self.ends += 1
+
+    def worker_dataset(self):
+        return TaggedInWorker(self.n, self.ends)
+
+
+class TaggedInWorker:
+    """`Tagged`'s worker form: the same x, y marked with 1000 + the epochs ended when it was made."""
+
+    def __init__(self, n, ends):
+        self.n, self.ends = n, ends
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((2, 2), i, "float32"), np.full(2, 1000 + self.ends, "int64")
+
+
+def mixed_arrays(n=103):
+    """(x, y, sample_weight) for ArrayDataset tests: x a dict of uint8 images and float64 features."""
+    rng = np.random.default_rng(0)
+    x = {"image": rng.integers(0, 255, (n, 6, 5, 3), dtype=np.uint8), "meta": rng.standard_normal((n, 4))}
+    return x, np.arange(n, dtype=np.int64), rng.random(n).astype(np.float32)
+
+
+def same_xyw(got, want):
+    """Whether two (x, y, sample_weight) batches of `mixed_arrays` are equal, dtypes included."""
+    (gx, gy, gw), (wx, wy, ww) = got, want
+    return (sorted(gx) == sorted(wx) and all(np.array_equal(gx[k], wx[k]) and gx[k].dtype == wx[k].dtype for k in wx)
+            and np.array_equal(gy, wy) and np.array_equal(gw, ww))

@@ -6,7 +6,8 @@ Both pools (this one, and the threads in `_threads`) take tasks `submit(seq, ind
 NOTE [Who owns what, and the shutdown order]
 - The training process owns the pool: the worker processes, one duplex pipe and one stack pipe per
   worker, and the shared-memory ring (`_ring.Ring`). Workers fork from multiprocessing's fork server, a
-  clean interpreter that preloaded `kfast.data._worker` (numpy only), never from the training process.
+  clean interpreter that preloaded `kfast.data._worker` (numpy only) and the module of what the workers
+  load (the dataset, or its lighter `worker_dataset()`, see `_worker_form`), never from the training process.
 - `close()` (also run by a finalizer at exit or when the pool is garbage-collected) sends every worker
   `None`, waits up to a second for all of them together, kills those still busy (a stuck `__getitem__`),
   closes the pipes and unlinks the segment; batches already handed out keep their mapping until freed.
@@ -33,6 +34,8 @@ from kfast.data import _interrupt
 from kfast.data import _ring
 from kfast.data import _worker
 from kfast.data import structure
+from kfast.data._worker_form import worker_form
+from kfast.data.sharding import ShardedDataset
 
 # Workers never fork from the training process: forking a parent whose TensorFlow (or JAX) runtime
 # already started threads can deadlock the child. They fork from a fork server instead, a fresh
@@ -58,9 +61,11 @@ def dumps(dataset):
 
 def _context(dataset):
     ctx = multiprocessing.get_context(_START_METHOD)
-    module = type(dataset).__module__
-    preload = ["kfast.data._janitor", "kfast.data._worker"] + (
-        [module] if module not in ("__main__", "builtins") else [])
+    # A shard's wrapped dataset is imported too (FastLoader shards every dataset under Horovod).
+    parts = [dataset, dataset.dataset] if isinstance(dataset, ShardedDataset) else [dataset]
+    modules = [type(part).__module__ for part in parts]
+    preload = ["kfast.data._janitor", "kfast.data._worker"] + [
+        module for module in dict.fromkeys(modules) if module not in ("__main__", "builtins")]
     # Only the first call before the server starts takes effect; later datasets import in the child.
     ctx.set_forkserver_preload(preload)
     # The fork server removes multiprocessing's temporary directory when it exits (see the NOTE above).
@@ -161,6 +166,7 @@ class ProcessPool:
     `template` (batch 0's `(spec, layout)`, see `_fill`) lets a dataset with `fill_batch` write into them."""
 
     def __init__(self, dataset, workers, slots, slot_bytes, name, seed=0, timeout=None, template=None):
+        dataset = worker_form(dataset)  # what the workers load: the dataset, or its lighter worker_dataset()
         try:
             payload = dumps(dataset)
         except Exception as e:  # noqa: BLE001 - pickling can raise almost anything
@@ -234,7 +240,7 @@ class ProcessPool:
         self._conns[w].send(("task", seq, index, epoch, slot))
 
     def update_dataset(self, dataset):
-        payload = dumps(dataset)
+        payload = dumps(worker_form(dataset))
         for conn in self._conns:
             conn.send(("dataset", payload))
 

@@ -78,6 +78,13 @@ class FastLoader(keras.utils.PyDataset):
     slot the batch travels in), and `fill_batch` writes batch `index` into them, returning `None`, or the
     number of leading samples it wrote when the batch is short. `kfast.data.ArrayDataset` does this.
 
+    Worker processes import the dataset's module; when that imports Keras (so TensorFlow: seconds per
+    start) but the batches need only numpy, the dataset may define `worker_dataset()`, returning a
+    lighter object from a keras-free module that serves the same batches (same `__len__`, `__getitem__`,
+    and `fill_batch`/`set_epoch` where the dataset has them). Workers then load that object instead, and
+    the fork server imports its module. Epoch hooks still run on the dataset, which is asked again for its
+    worker form after each. `ArrayDataset` defines it, and `ShardedDataset` shards the wrapped one's.
+
     Under Horovod (after `kfast.distributed.init()`), each rank loads only its own shard of the batches,
     the same number on every rank (`kfast.data.shard`, mode "drop"); shard yourself to choose "pad".
 

@@ -1,6 +1,7 @@
 """Split a dataset's batches across ranks so that every rank gets the same number."""
 
 from kfast.checks import check_int
+from kfast.data._worker_form import worker_form
 
 _MODES = ("drop", "pad")
 
@@ -58,6 +59,17 @@ class ShardedDataset:
         """The wrapped dataset's `fill_batch` (see FastLoader) with this shard's indices; absent when it has none."""
         fill_batch = self.dataset.fill_batch  # AttributeError here makes __getattr__ report it absent too
         return lambda index, out: fill_batch(self._source(index), out)
+
+    def worker_dataset(self):
+        """This shard of the wrapped dataset's `worker_dataset()` (see FastLoader), or itself when it has none.
+
+        Defined here, not forwarded: the wrapped dataset's own worker form would serve every batch, not
+        this shard's.
+        """
+        worker = worker_form(self.dataset)
+        if worker is self.dataset:
+            return self
+        return ShardedDataset(worker, self.rank, self.size, self.mode, self.start)
 
     def _source(self, index):
         if not 0 <= index < self._len:

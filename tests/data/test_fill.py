@@ -14,31 +14,19 @@ from kfast.data import shard
 MODES = [pytest.param(True, id="processes"), pytest.param(False, id="threads")]
 
 
-def _arrays(n=103):
-    rng = np.random.default_rng(0)
-    x = {"image": rng.integers(0, 255, (n, 6, 5, 3), dtype=np.uint8), "meta": rng.standard_normal((n, 4))}
-    return x, np.arange(n, dtype=np.int64), rng.random(n).astype(np.float32)
-
-
-def _same(got, want):
-    (gx, gy, gw), (wx, wy, ww) = got, want
-    return (sorted(gx) == sorted(wx) and all(np.array_equal(gx[k], wx[k]) and gx[k].dtype == wx[k].dtype for k in wx)
-            and np.array_equal(gy, wy) and np.array_equal(gw, ww))
-
-
 @pytest.mark.parametrize("use_multiprocessing", MODES)
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
 def test_array_dataset_batches_equal_its_getitem(use_multiprocessing, shuffle):
     # 103 samples in batches of 10: the last batch is short (3 samples). A shuffled dataset draws a new
     # order every epoch (set_epoch), which the reference copy follows.
-    ds, ref = (ArrayDataset(*_arrays(), batch_size=10, shuffle=shuffle, seed=5) for _ in range(2))
+    ds, ref = (ArrayDataset(*datasets.mixed_arrays(), batch_size=10, shuffle=shuffle, seed=5) for _ in range(2))
     with FastLoader(ds, workers=2, use_multiprocessing=use_multiprocessing) as loader:
         for epoch in range(2):
             ref.set_epoch(epoch)
             want = [ref[i] for i in range(len(ref))]
             got = [batch for batch in loader]
             assert len(got) == 11 and len(got[-1][1]) == 3
-            assert all(_same(g, w) for g, w in zip(got, want))
+            assert all(datasets.same_xyw(g, w) for g, w in zip(got, want))
 
 
 @pytest.mark.parametrize("use_multiprocessing", MODES)
@@ -47,12 +35,12 @@ def test_a_shuffled_loader_that_starts_with_the_short_batch(use_multiprocessing)
     # fill_batch's arrays stay shaped like batch 0, a whole one.
     n = 11
     seed = next(s for s in range(1000) if np.random.default_rng([s, 0]).permutation(n)[0] == n - 1)
-    ds = ArrayDataset(*_arrays(), batch_size=10)
+    ds = ArrayDataset(*datasets.mixed_arrays(), batch_size=10)
     with FastLoader(ds, workers=2, use_multiprocessing=use_multiprocessing, shuffle=True, seed=seed) as loader:
         got = list(loader)
     assert len(got[0][1]) == 3
     assert sorted(int(y[0]) // 10 for _, y, _ in got) == list(range(n))
-    assert all(_same(g, ds[int(g[1][0]) // 10]) for g in got)
+    assert all(datasets.same_xyw(g, ds[int(g[1][0]) // 10]) for g in got)
 
 
 @pytest.mark.parametrize("use_multiprocessing", MODES)
@@ -101,12 +89,12 @@ def test_fill_batch_returning_a_bad_count_is_an_error(use_multiprocessing):
 
 @pytest.mark.parametrize("use_multiprocessing", MODES)
 def test_a_shard_fills_its_own_batches(use_multiprocessing):
-    ds = ArrayDataset(*_arrays(), batch_size=10)
+    ds = ArrayDataset(*datasets.mixed_arrays(), batch_size=10)
     part = shard(ds, rank=1, size=3)
     with FastLoader(part, workers=2, use_multiprocessing=use_multiprocessing) as loader:
         got = list(loader)
     assert [int(y[0]) for _, y, _ in got] == [10, 40, 70]
-    assert all(_same(g, ds[i]) for g, i in zip(got, (1, 4, 7)))
+    assert all(datasets.same_xyw(g, ds[i]) for g, i in zip(got, (1, 4, 7)))
 
 
 def test_a_shard_of_a_dataset_without_fill_batch_has_none():
