@@ -19,6 +19,7 @@ NOTE [Who owns what, and the shutdown order]
 """
 
 import contextlib
+import json
 import multiprocessing
 import os
 import signal
@@ -44,9 +45,10 @@ from kfast.data.sharding import ShardedDataset
 _START_METHOD = "forkserver"
 # Seconds without a batch before a warning says which worker is stuck where (again every period after).
 _STALL_WARNING_S = 60.0
-_POLL_S = 0.25
+_POLL_S = 0.25  # how often a wait looks at Ctrl-C, the timeout and the stall warning
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, the main thread's own KeyboardInterrupt gets this long first
-_TEMP_DIR_VARIABLE = "KFAST_MP_TEMP_DIR"  # read by kfast.data._janitor in the fork server; never imported here  # how often a wait looks at Ctrl-C, the timeout and the stall warning
+_PATH_VARIABLE = "KFAST_MP_SYS_PATH"  # read by kfast.data._server_path in the fork server
+_TEMP_DIR_VARIABLE = "KFAST_MP_TEMP_DIR"  # read by kfast.data._janitor in the fork server; never imported here
 
 
 class WorkerError(RuntimeError):
@@ -64,12 +66,14 @@ def _context(dataset):
     # A shard's wrapped dataset is imported too (FastLoader shards every dataset under Horovod).
     parts = [dataset, dataset.dataset] if isinstance(dataset, ShardedDataset) else [dataset]
     modules = [type(part).__module__ for part in parts]
-    preload = ["kfast.data._janitor", "kfast.data._worker"] + [
+    preload = ["kfast.data._server_path", "kfast.data._janitor", "kfast.data._worker"] + [
         module for module in dict.fromkeys(modules) if module not in ("__main__", "builtins")]
     # Only the first call before the server starts takes effect; later datasets import in the child.
     ctx.set_forkserver_preload(preload)
-    # The fork server removes multiprocessing's temporary directory when it exits (see the NOTE above).
+    # The fork server removes multiprocessing's temporary directory when it exits (see the NOTE above),
+    # and imports the dataset's module with this process's sys.path (see _server_path).
     os.environ[_TEMP_DIR_VARIABLE] = multiprocessing.util.get_temp_dir()
+    os.environ[_PATH_VARIABLE] = json.dumps(sys.path)
     return ctx
 
 
