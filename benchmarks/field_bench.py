@@ -33,6 +33,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import field_loaders as fl  # noqa: E402
+import fill_bound  # noqa: E402
 import jpeg_workload  # noqa: E402
 import loader_bench as lb  # noqa: E402
 import kfast  # noqa: E402
@@ -285,6 +286,12 @@ def main():
     bandwidth = lb.copy_bandwidth(lb.ImageBatches(1).base)
     print(f"\nW1 batch {w1_bytes} bytes; np.copyto {bandwidth['copyto']:.2f} GB/s cache-hot, "
           f"{bandwidth['copyto_cold']:.2f} GB/s cache-cold")
+    if "W1" in stats:
+        bound = {n: fill_bound.batches_per_s(n) for n in (1, 2)}
+        kf = stats["W1"]["kf_proc"]["bps"]
+        print(f"W1 fill without a loader (benchmarks/fill_bound.py): 1 process {bound[1]:.0f} batch/s, 2 processes "
+              f"{bound[2]:.0f} batch/s ({max(bound.values()) * w1_bytes / 1e9:.1f} GB/s); kfast processes {kf:.0f} "
+              f"batch/s = {kf / max(bound.values()):.0%} of the better")
     print("\nTargets (issue 15):")
     missed = check_targets(stats, limits, fits, bandwidth, w1_bytes)
     print(f"\n{missed} target(s) missed; total {time.perf_counter() - started:.0f} s, {gate.waited_s:.0f} s of it "

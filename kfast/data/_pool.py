@@ -22,12 +22,12 @@ import contextlib
 import json
 import multiprocessing
 import os
+import selectors
 import signal
 import sys
 import time
 import warnings
 import weakref
-from multiprocessing import connection
 
 import cloudpickle
 
@@ -101,6 +101,8 @@ def _main_hidden():
 
 
 def _shutdown(processes, conns, state):
+    if "selector" in state:
+        state.pop("selector").close()
     for conn in conns:
         try:
             conn.send(None)
@@ -201,6 +203,11 @@ class ProcessPool:
             self._conns.append(parent_end)
             self._stacks.append(stack_read)
         lifeline_read.close()
+        # One selector for the pool's life: building one for every wait cost more than the wait itself.
+        self._selector = self._state["selector"] = selectors.DefaultSelector()
+        for w, p in enumerate(self._processes):
+            self._selector.register(self._conns[w], selectors.EVENT_READ, ("reply", w))
+            self._selector.register(p.sentinel, selectors.EVENT_READ, ("exit", w))
         self._pending = [dict() for _ in range(workers)]  # per worker: seq -> index
         self._replies = {}
         self._started = [False] * workers
@@ -260,14 +267,12 @@ class ProcessPool:
         """Batch `seq`; gives up on Ctrl-C pressed after monotonic time `interrupt_mark`."""
         waiter = Waiter(self._timeout, lambda: self._describe(seq), interrupt_mark)
         while seq not in self._replies:
-            sentinels = {p.sentinel: i for i, p in enumerate(self._processes)}
-            ready = connection.wait(self._conns + list(sentinels), timeout=_POLL_S)
-            for obj in ready:
-                if obj in sentinels:
+            ready = [key.data for key, _ in self._selector.select(_POLL_S)]
+            for kind, w in ready:
+                if kind == "exit":
                     continue  # handled below, after draining what the worker managed to send
-                w = self._conns.index(obj)
                 try:
-                    reply = obj.recv()
+                    reply = self._conns[w].recv()
                 except (EOFError, OSError):
                     self._raise_dead(w)
                 self._started[w] = True
@@ -277,9 +282,9 @@ class ProcessPool:
                 self._replies[reply[1]] = reply
             if seq in self._replies:
                 break
-            for obj in ready:
-                if obj in sentinels:
-                    self._raise_dead(sentinels[obj])
+            for kind, w in ready:
+                if kind == "exit":
+                    self._raise_dead(w)
             if not all(self._started[w] for w, pending in enumerate(self._pending) if seq in pending):
                 waiter.restart()  # still importing the dataset: not the batch's time yet
             waiter.check()
