@@ -33,9 +33,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import field_loaders as fl  # noqa: E402
-import fill_bound  # noqa: E402
 import jpeg_workload  # noqa: E402
 import loader_bench as lb  # noqa: E402
+import no_loader  # noqa: E402
 import kfast  # noqa: E402
 
 PEERS = [
@@ -172,12 +172,12 @@ def print_fit_table(wkey, rows, runs):
     names = {k: n for k, n, _ in rows}
     base = statistics.median(r.steps_per_s for r in runs["plain"])
     print(f"\nmodel.fit on {wkey} (pool+dense classifier)")
-    print(f"{'fed by':<36} {'steps/s':>8} {'rounds':<15} {'1st epoch s':>11} {'/plain':>7} {'other':>5}")
+    print(f"{'fed by':<36} {'steps/s':>8} {'rounds':<24} {'1st epoch s':>11} {'/plain':>7} {'other':>5}")
     rates = {}
     for key, results in runs.items():
         rates[key] = statistics.median(r.steps_per_s for r in results)
         each = " ".join(f"{r.steps_per_s:.1f}" for r in results)
-        print(f"{names[key]:<36} {rates[key]:8.2f} {each:<15} {statistics.median(r.first_epoch_s for r in results):11.2f} "
+        print(f"{names[key]:<36} {rates[key]:8.2f} {each:<24} {statistics.median(r.first_epoch_s for r in results):11.2f} "
               f"{rates[key] / base:6.2f}x {statistics.mean(r.other_cores for r in results):5.2f}")
     return rates
 
@@ -229,8 +229,8 @@ def parse_args():
     p.add_argument("--tune-budget", type=float, default=10.0, help="kfast.tune's budget_s (default 10)")
     p.add_argument("--workloads", default="W1,W2,W3,W4", help="comma-separated subset of W1,W2,W3,W4")
     p.add_argument("--fit-steps", type=int, default=40, help="steps per model.fit epoch on W1 (W4: half)")
-    p.add_argument("--fit-epochs", type=int, default=2, help="measured model.fit epochs after the first")
-    p.add_argument("--fit-rounds", type=int, default=2, help="interleaved model.fit rounds (default 2)")
+    p.add_argument("--fit-epochs", type=int, default=3, help="measured model.fit epochs after the first")
+    p.add_argument("--fit-rounds", type=int, default=4, help="interleaved model.fit rounds (default 4)")
     p.add_argument("--no-fit", action="store_true", help="skip the model.fit section")
     p.add_argument("--quiet-budget", type=float, default=120.0,
                    help="seconds, in all, to wait for other programs to leave the CPUs before rounds")
@@ -286,12 +286,19 @@ def main():
     bandwidth = lb.copy_bandwidth(lb.ImageBatches(1).base)
     print(f"\nW1 batch {w1_bytes} bytes; np.copyto {bandwidth['copyto']:.2f} GB/s cache-hot, "
           f"{bandwidth['copyto_cold']:.2f} GB/s cache-cold")
-    if "W1" in stats:
-        bound = {n: fill_bound.batches_per_s(n) for n in (1, 2)}
-        kf = stats["W1"]["kf_proc"]["bps"]
-        print(f"W1 fill without a loader (benchmarks/fill_bound.py): 1 process {bound[1]:.0f} batch/s, 2 processes "
-              f"{bound[2]:.0f} batch/s ({max(bound.values()) * w1_bytes / 1e9:.1f} GB/s); kfast processes {kf:.0f} "
-              f"batch/s = {kf / max(bound.values()):.0%} of the better")
+    print("\nWithout a loader (benchmarks/no_loader.py: the work alone, in 1 and in 2 processes at once):")
+    for wkey in stats:
+        if wkey == "W3":
+            continue  # its plain loop pays page faults that worker processes do not: no common bound
+        rate = (no_loader.fill_rate if wkey == "W1" else
+                lambda n: no_loader.getitem_rate(make_dataset(wkey, args, jpegs), n))
+        bound = {n: rate(n) for n in (1, 2)}
+        best = max(bound.values())
+        key = "kf_proc" if wkey == "W1" else "kf_tuned"
+        print(f"{wkey}: 1 process {bound[1]:.1f} batch/s, 2 processes {bound[2]:.1f} batch/s; "
+              f"{'kfast processes' if wkey == 'W1' else 'kfast tuned'} {stats[wkey][key]['bps']:.1f} batch/s = "
+              f"{stats[wkey][key]['bps'] / best:.0%} of the better" +
+              (f" ({best * w1_bytes / 1e9:.1f} GB/s written)" if wkey == "W1" else ""))
     print("\nTargets (issue 15):")
     missed = check_targets(stats, limits, fits, bandwidth, w1_bytes)
     print(f"\n{missed} target(s) missed; total {time.perf_counter() - started:.0f} s, {gate.waited_s:.0f} s of it "
