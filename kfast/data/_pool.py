@@ -70,11 +70,28 @@ def _context(dataset):
         module for module in dict.fromkeys(modules) if module not in ("__main__", "builtins")]
     # Only the first call before the server starts takes effect; later datasets import in the child.
     ctx.set_forkserver_preload(preload)
-    # The fork server removes multiprocessing's temporary directory when it exits (see the NOTE above),
-    # and imports the dataset's module with this process's sys.path (see _server_path).
-    os.environ[_TEMP_DIR_VARIABLE] = multiprocessing.util.get_temp_dir()
-    os.environ[_PATH_VARIABLE] = json.dumps(sys.path)
     return ctx
+
+
+@contextlib.contextmanager
+def _server_environment():
+    """Tells a fork server started meanwhile what its preloads need: the temporary directory to remove when
+    it exits (see the NOTE above) and this process's sys.path (see _server_path).
+
+    Set only while processes start: other programs this process runs later must not inherit them (a
+    Python child that imported `kfast.data._server_path` would take on this process's path).
+    """
+    values = {_TEMP_DIR_VARIABLE: multiprocessing.util.get_temp_dir(), _PATH_VARIABLE: json.dumps(sys.path)}
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -195,7 +212,7 @@ class ProcessPool:
             stack_read, stack_write = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker.run, name=f"kfast-loader-{i}", daemon=True,
                             args=(child_end, lifeline_read, stack_write, payload, ring, seed, i, template))
-            with _main_hidden():
+            with _main_hidden(), _server_environment():
                 p.start()
             child_end.close()  # so a dead worker reads as EOF here, not as silence
             stack_write.close()

@@ -37,6 +37,8 @@ _CHILD = textwrap.dedent("""
             with open(f"/proc/{workers[0]}/stat") as f:
                 server = int(f.read().rsplit(")", 1)[1].split()[1])
             print("workers", *workers, "server", server)
+    # What the fork server needed is not left for other programs to inherit.
+    print("inherited", sorted(key for key in os.environ if key.startswith("KFAST_MP_")))
 """)
 
 
@@ -56,3 +58,4 @@ def test_the_fork_server_preloads_a_module_from_a_path_added_at_run_time(tmp_pat
     assert len(lines) == 2 and len(workers) == 4 and len(servers) == 1
     assert not importers & workers, (importers, workers)
     assert servers <= importers and len(importers) == 2, (importers, servers)
+    assert "inherited []" in proc.stdout
