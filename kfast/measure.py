@@ -136,6 +136,7 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
     check_int("diagnose", "warmup", warmup, least=0, hint="untimed batches before each phase")
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ValueError("diagnose needs a compiled model: call model.compile(optimizer, loss) first.")
+    fit_burst.check_model("diagnose", model)  # built too: its weights are put back afterwards
     total = warmup + steps
     if _length(data) == 0:
         raise ValueError(f"diagnose got {type(data).__name__} with no batches; pass the data you train on.")

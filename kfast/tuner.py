@@ -1,5 +1,6 @@
 """`kfast.tune` (defined here): pick FastLoader's workers, processes or threads, and queue depth by measuring."""
 
+import contextlib
 import os
 import time
 
@@ -192,11 +193,7 @@ def tune(dataset, *, model=None, budget_s=30, max_workers=None, target_batches_p
                 return fit_burst.steps_per_s(model, loader, warmup=max(2, queue), seconds=burst)
         return measure_loader(dataset, workers, processes, queue, seconds=burst)
 
-    if model is None:
+    with fit_burst.state_kept(model) if model is not None else contextlib.nullcontext():
         result = _search(measure, max_workers, target=target_batches_per_s, budget_s=budget_s, progress=progress)
-    else:
-        with fit_burst.state_kept(model):
-            result = _search(measure, max_workers, target=target_batches_per_s, budget_s=budget_s,
-                             progress=progress)
     tune_cache.store(key, result.to_dict())
     return result

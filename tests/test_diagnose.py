@@ -81,6 +81,10 @@ def test_bad_arguments():
         kfast.diagnose(model, iter([batches[i] for i in range(3)]), steps=4, warmup=0)
     with pytest.raises(ValueError, match="compiled model"):
         kfast.diagnose(keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]), datasets.Features())
+    unbuilt = keras.Sequential([keras.layers.Dense(1)])
+    unbuilt.compile("sgd", "mse")
+    with pytest.raises(ValueError, match=r"diagnose got model .* not built yet"):
+        kfast.diagnose(unbuilt, datasets.Features())
 
 
 @pytest.mark.parametrize("loader", [False, True], ids=["pydataset", "fastloader"])

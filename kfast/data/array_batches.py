@@ -41,7 +41,8 @@ class ArrayBatches:
         check_int(name, "batch_size", batch_size)
         self._name = name
         self._parts = tuple(part for part in (x, y, sample_weight) if part is not None)
-        lengths = {len(a) for a in structure.flatten(self._parts)[1]}
+        self._leaves = structure.flatten(self._parts)[1]  # in the order fill_batch's `out` flattens to
+        lengths = {len(a) for a in self._leaves}
         if len(lengths) != 1 or 0 in lengths:
             raise ValueError(
                 f"{name} got arrays with first dimensions {sorted(lengths)}; x, y and sample_weight "
@@ -77,7 +78,7 @@ class ArrayBatches:
         rows = self._rows(index)
         count = min(self.batch_size, self.num_samples - index * self.batch_size)
         # `out` was built from batch 0 by kfast.data.structure, so both flatten to leaves in the same order.
-        sources = structure.flatten(self._parts)[1]
+        sources = self._leaves
         targets = structure.flatten(out if len(self._parts) > 1 else (out,))[1]
         if len(sources) != len(targets):
             raise ValueError(f"{self._name}.fill_batch got `out` with {len(targets)} arrays; its batches hold "
