@@ -23,14 +23,18 @@ class _EpochShard(ShardedDataset):
 
 
 class _Commit(keras.callbacks.Callback):
-    """Commits the elastic state every `every` steps, counting global batches from `start` on `size` ranks."""
+    """Commits the elastic state every `every` steps, counting global batches from `start` on `size` ranks.
 
-    def __init__(self, state, every, size):
+    Not at the fit's last step (`steps`): the epoch-end commit follows it, after the epoch's callbacks. A
+    reset raised at a commit there would restore a position with no batch left for the ranks, and the
+    epoch would count as done without its `on_epoch_end` (no checkpoint, no logs for it)."""
+
+    def __init__(self, state, every, size, steps):
         super().__init__()
-        self.state, self.every, self.size, self.start = state, every, size, state.position
+        self.state, self.every, self.size, self.start, self.steps = state, every, size, state.position, steps
 
     def on_train_batch_end(self, batch, logs=None):
-        if (batch + 1) % self.every == 0:
+        if (batch + 1) % self.every == 0 and batch + 1 < self.steps:
             self.state.position = self.start + (batch + 1) * self.size
             self.state.commit()
 
@@ -104,7 +108,7 @@ def elastic_fit(model, dataset, *, epochs, validation_data=None, initial_epoch=0
                 with FastLoader(shard, **settings) as loader:
                     model.fit(loader, validation_data=val, initial_epoch=state.epoch, epochs=state.epoch + 1,
                               verbose=distributed.verbose() if verbose is None else verbose,
-                              callbacks=[_Commit(state, commit_every, size), *callbacks])
+                              callbacks=[_Commit(state, commit_every, size, len(loader)), *callbacks])
             finally:
                 if val is not None:
                     val.close()
