@@ -55,7 +55,7 @@ def main(rounds=9, steps=300):
     hooks = (time.perf_counter() - start) / reps
     # GPUMonitor's sampling thread: the work of one sample (reading the GPU is NVML's cost, about
     # 10-100 us on real drivers; here a stub), plus the check that training is still running.
-    from kfast import gpu_sampling
+    from kfast._core import gpu_sampling
     import threading
 
     sampler = gpu_sampling.GpuSampler(lambda: (50.0, 1), owner_thread=threading.get_ident())

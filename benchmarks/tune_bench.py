@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loader_bench  # noqa: E402 - the shared workloads
 
 import kfast  # noqa: E402
-from kfast.tuner import measure_loader  # noqa: E402
+from kfast.tuning.search import measure_loader  # noqa: E402
 
 WORKLOADS = {"W1 large uint8 batches": loader_bench.ImageBatches,
              "W2 pure-Python features": loader_bench.PythonFeatures,

@@ -3,11 +3,11 @@
 import time
 
 import keras
-from kfast.checks import check_number
-from kfast.messages import print_msg
+from kfast._core.checks import check_number
+from kfast._core.messages import print_msg
 
-from kfast import distributed
-from kfast.tuner import tune
+from kfast.distributed import _horovod as distributed
+from kfast.tuning.search import tune
 
 # The clock, a module attribute so tests can script time without touching the signature.
 _clock = time.perf_counter

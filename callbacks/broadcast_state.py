@@ -4,8 +4,8 @@ import warnings
 
 import keras
 
-from kfast.checks import check_int
-from kfast import distributed
+from kfast._core.checks import check_int
+from kfast.distributed import _horovod as distributed
 
 
 class BroadcastState(keras.callbacks.Callback):

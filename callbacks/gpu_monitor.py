@@ -7,10 +7,10 @@ import warnings
 
 import keras
 
-from kfast.checks import check_number
-from kfast import callback_order
-from kfast import distributed
-from kfast import gpu_sampling
+from kfast._core.checks import check_number
+from kfast._core import callback_order
+from kfast.distributed import _horovod as distributed
+from kfast._core import gpu_sampling
 from kfast import nvml
 
 
@@ -44,7 +44,7 @@ class GPUMonitor(keras.callbacks.Callback):
     ([40.0], [1073741824])
     """
 
-    _writes_epoch_logs = True  # kfast.callback_order.run_first puts it ahead of the loggers
+    _writes_epoch_logs = True  # kfast._core.callback_order.run_first puts it ahead of the loggers
 
     def __init__(self, interval=0.1, sampler=None):
         super().__init__()

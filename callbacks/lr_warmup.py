@@ -2,11 +2,11 @@
 
 
 import keras
-from kfast.checks import check_number
-from kfast.messages import print_msg
+from kfast._core.checks import check_number
+from kfast._core.messages import print_msg
 
 from kfast.distributed import checkpoint
-from kfast import distributed
+from kfast.distributed import _horovod as distributed
 
 _STATE_KEY = "base_learning_rate"
 

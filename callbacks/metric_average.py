@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 
-from kfast import distributed
+from kfast.distributed import _horovod as distributed
 
 
 class MetricAverage(keras.callbacks.Callback):

@@ -6,11 +6,11 @@ import tempfile
 import warnings
 
 import keras
-from kfast.checks import check_int, check_number
-from kfast.messages import print_msg
+from kfast._core.checks import check_int, check_number
+from kfast._core.messages import print_msg
 
 from kfast.distributed import checkpoint
-from kfast import distributed
+from kfast.distributed import _horovod as distributed
 
 _STATE_KEY = "best"
 

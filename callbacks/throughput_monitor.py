@@ -4,7 +4,7 @@ import time
 
 import keras
 
-from kfast import callback_order
+from kfast._core import callback_order
 
 # The clock, a module attribute so tests can script time without touching the signature.
 _clock = time.perf_counter
@@ -42,7 +42,7 @@ class ThroughputMonitor(keras.callbacks.Callback):
     ['input_wait_fraction', 'samples_per_second', 'step_time', 'steps_per_second']
     """
 
-    _writes_epoch_logs = True  # kfast.callback_order.run_first puts it ahead of the loggers
+    _writes_epoch_logs = True  # kfast._core.callback_order.run_first puts it ahead of the loggers
 
     def __init__(self, loader=None, batch_size=None):
         super().__init__()

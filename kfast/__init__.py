@@ -7,21 +7,21 @@ processes, the command line and `kfast doctor` import Keras and TensorFlow only 
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from kfast._version import __version__
 
-__all__ = ["DistributedOptimizer", "Plan", "TuneResult", "__version__", "callbacks", "data", "diagnose",
+__all__ = ["Diagnosis", "DistributedOptimizer", "Plan", "TuneResult", "__version__", "callbacks", "data", "diagnose",
            "distributed", "nvml", "plan", "recipes", "tune"]
 
-_HOMES = {"DistributedOptimizer": "kfast.optimizer", "TuneResult": "kfast.tuner", "diagnose": "kfast.measure",
-          "tune": "kfast.tuner", "plan": "kfast.planner", "Plan": "kfast.planner", "callbacks": None, "data": None, "distributed": None, "nvml": None,
-          "recipes": None}
+_HOMES = {"Diagnosis": "kfast.diagnosis", "DistributedOptimizer": "kfast.distributed", "Plan": "kfast.planning",
+          "TuneResult": "kfast.tuning", "diagnose": "kfast.diagnosis", "plan": "kfast.planning", "tune": "kfast.tuning",
+          "callbacks": None, "data": None, "distributed": None, "nvml": None, "recipes": None}
 
 if TYPE_CHECKING:  # what IDEs and type checkers read
     from kfast import callbacks, data, distributed, nvml, recipes  # noqa: F401
-    from kfast.measure import diagnose  # noqa: F401
-    from kfast.optimizer import DistributedOptimizer  # noqa: F401
-    from kfast.planner import Plan, plan  # noqa: F401
-    from kfast.tuner import TuneResult, tune  # noqa: F401
+    from kfast.diagnosis import Diagnosis, diagnose  # noqa: F401
+    from kfast.distributed import DistributedOptimizer  # noqa: F401
+    from kfast.planning import Plan, plan  # noqa: F401
+    from kfast.tuning import TuneResult, tune  # noqa: F401
 
 
 def __getattr__(name):

@@ -9,31 +9,9 @@ Example:
 ['image-classification', 'tabular', 'text-classification']
 """
 
-import importlib
-
 from kfast.recipes._common import Recipe
 from kfast.recipes._common import run
-
-_MODULES = {
-    "image-classification": "kfast.recipes.image_classification",
-    "tabular": "kfast.recipes.tabular",
-    "text-classification": "kfast.recipes.text_classification",
-}
+from kfast.recipes._registry import get
+from kfast.recipes._registry import names
 
 __all__ = ["Recipe", "get", "names", "run"]
-
-
-def names():
-    """Returns the recipe names, sorted."""
-    return sorted(_MODULES)
-
-
-def get(name):
-    """Returns the recipe module called `name`.
-
-    Raises:
-        ValueError: for an unknown name, listing the known ones.
-    """
-    if name not in _MODULES:
-        raise ValueError(f"unknown recipe {name!r}; choose one of: {', '.join(names())} (see `kfast recipes`).")
-    return importlib.import_module(_MODULES[name])

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from kfast import distributed
+from kfast._core.cpus import usable_cpus
 
 
 class Recipe:
@@ -128,10 +129,10 @@ def loader_for(dataset, args, *, shuffle=True, like=None):
         return FastLoader(dataset, workers=args.workers, shuffle=shuffle, seed=args.seed)
     settings = None
     if distributed.local_rank() == 0:
-        import kfast
+        from kfast.tuning import tune
 
-        cores = max(1, len(os.sched_getaffinity(0)) // distributed.local_size())
-        settings = kfast.tune(dataset, budget_s=8, max_workers=max(1, cores)).settings
+        cores = max(1, usable_cpus() // distributed.local_size())
+        settings = tune(dataset, budget_s=8, max_workers=max(1, cores)).settings
     # Ranks tune once per job and share the answer: tuning on every rank at once would measure contention.
     settings = distributed.broadcast_object(settings, root_rank=0)
     return FastLoader(dataset, shuffle=shuffle, seed=args.seed, **settings)
@@ -139,9 +140,9 @@ def loader_for(dataset, args, *, shuffle=True, like=None):
 
 def assemble(model, train, val, args, monitor="val_loss"):
     """Compiles a classifier (integer labels, logits out) for Horovod and wraps its data in FastLoaders."""
-    import kfast
+    from kfast.distributed.optimizer import DistributedOptimizer
 
-    optimizer = kfast.DistributedOptimizer(keras.optimizers.Adam(args.lr))
+    optimizer = DistributedOptimizer(keras.optimizers.Adam(args.lr))
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
                   jit_compile=False)
     train_loader = loader_for(train, args)
@@ -154,11 +155,11 @@ def assemble(model, train, val, args, monitor="val_loss"):
 
 
 def standard_callbacks(args, loader, monitor):
-    import kfast.callbacks
+    from kfast.callbacks.gpu_monitor import GPUMonitor
+    from kfast.callbacks.throughput_monitor import ThroughputMonitor
 
     callbacks = distributed.default_callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
-        kfast.callbacks.ThroughputMonitor(loader) if loader is not None else
-        kfast.callbacks.ThroughputMonitor(batch_size=args.batch_size), kfast.callbacks.GPUMonitor()]
+        ThroughputMonitor(loader) if loader is not None else ThroughputMonitor(batch_size=args.batch_size), GPUMonitor()]
     log_dir = tensorboard_dir(args)
     if log_dir and distributed.is_chief():
         callbacks.append(keras.callbacks.TensorBoard(log_dir))
@@ -184,7 +185,7 @@ def run(name, argv=None):
     Returns:
         The Keras `History` (None when only a sample dataset was written).
     """
-    from kfast import recipes
+    from kfast.recipes import _registry as recipes
 
     module = recipes.get(name)
     parser = parser_for(name, module)
@@ -216,11 +217,11 @@ def run(name, argv=None):
 
 
 def _diagnose(recipe, png):
-    import kfast
+    from kfast.diagnosis import diagnose
 
     # Every rank runs it: its training phases issue the same allreduces on all ranks. Enough steps for a
     # picture worth reading; data with fewer batches is read for several epochs.
-    result = kfast.diagnose(recipe.model, recipe.train, steps=30, warmup=3)
+    result = diagnose(recipe.model, recipe.train, steps=30, warmup=3)
     if distributed.is_chief():
         print(result, flush=True)
         result.plot(png)

@@ -157,7 +157,7 @@ def build(args):
 
 
 def main(argv=None):
-    from kfast.recipes import run
+    from kfast.recipes._common import run
 
     run("tabular", argv)
 

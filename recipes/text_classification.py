@@ -114,7 +114,7 @@ def build(args):
 
 
 def main(argv=None):
-    from kfast.recipes import run
+    from kfast.recipes._common import run
 
     run("text-classification", argv)
 

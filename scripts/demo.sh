@@ -8,7 +8,7 @@ out=out/demo
 mkdir -p "$out"
 # TensorFlow's start-up lines (printed by every process that imports it, before any setting is read)
 # are dropped from stderr; warnings and errors pass. stdout goes straight through.
-quiet() { { "$@" 2>&1 1>&3 3>&- | python kfast/tf_noise.py >&2 3>&-; } 3>&1; }
+quiet() { { "$@" 2>&1 1>&3 3>&- | python kfast/_core/tf_noise.py >&2 3>&-; } 3>&1; }
 quiet kfast doctor
 echo
 echo "== kfast launch -np 2 image-classification (synthetic images, CPU, Gloo); output in $out/"

@@ -7,7 +7,7 @@ import warnings
 import keras
 import pytest
 
-from kfast import doctor
+from kfast.env import doctor
 from kfast import nvml
 from kfast.distributed import _horovod
 

@@ -13,7 +13,7 @@ import datasets
 import kfast
 from helpers import REPO
 from kfast.data import FastLoader
-from kfast.diagnosis import Diagnosis
+from kfast.diagnosis.report import Diagnosis
 
 
 def _model(width, hidden, layers, seed=0):

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from kfast import doctor
+from kfast.env import doctor
 
 KFAST = os.path.join(os.path.dirname(sys.executable), "kfast")
 
@@ -59,7 +59,7 @@ def test_help_lists_commands():
 
 
 def test_doctor_says_kfast_needs_linux_elsewhere():
-    from kfast import doctor
+    from kfast.env import doctor
 
     report = {"problems": []}
     doctor._check_platform(report, system="darwin")

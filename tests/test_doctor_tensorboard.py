@@ -2,7 +2,7 @@
 
 import importlib.metadata
 
-from kfast import doctor
+from kfast.env import doctor
 
 
 def test_doctor_reports_the_installed_tensorboard():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import kfast
-from kfast import link_probe
-from kfast import planner
-from kfast import scaling
+from kfast.planning import link_probe
+from kfast.planning import planner
+from kfast.planning import cost_model
 
 KFAST = os.path.join(os.path.dirname(sys.executable), "kfast")
 
@@ -26,38 +26,38 @@ def _model(width=256, optimizer="sgd"):
 
 def test_ring_moves_2_n_minus_1_over_n_of_the_gradients_per_rank():
     s, b = 100e6, 1.25e9  # 100 MB over 10 Gbit/s, no latency
-    assert [scaling.ring_seconds(s, n, b, 0.0) for n in (1, 2, 4)] == [0.0, s / b, 1.5 * s / b]
+    assert [cost_model.ring_seconds(s, n, b, 0.0) for n in (1, 2, 4)] == [0.0, s / b, 1.5 * s / b]
     # Latency: 2(N-1) messages in a row, per fused buffer.
-    assert scaling.ring_seconds(0, 4, b, 1e-3, messages=2) == pytest.approx(12e-3)
+    assert cost_model.ring_seconds(0, 4, b, 1e-3, messages=2) == pytest.approx(12e-3)
 
 
 def test_a_parameter_server_link_carries_n_over_k_of_the_gradients():
     s, b = 100e6, 1.25e9
-    assert scaling.server_seconds(s, 8, b, 0.0, servers=1) == pytest.approx(2 * 8 * s / b)
-    assert scaling.server_seconds(s, 8, b, 0.0, servers=8) == pytest.approx(2 * s / b)  # workers' links bind
+    assert cost_model.server_seconds(s, 8, b, 0.0, servers=1) == pytest.approx(2 * 8 * s / b)
+    assert cost_model.server_seconds(s, 8, b, 0.0, servers=8) == pytest.approx(2 * s / b)  # workers' links bind
 
 
 def test_overlap_hides_the_exchange_behind_the_backward_pass_at_most():
-    assert scaling.step_range(0.03, 0.01) == (pytest.approx(0.03), pytest.approx(0.04))
-    assert scaling.step_range(0.03, 0.05) == (pytest.approx(0.06), pytest.approx(0.08))
+    assert cost_model.step_range(0.03, 0.01) == (pytest.approx(0.03), pytest.approx(0.04))
+    assert cost_model.step_range(0.03, 0.05) == (pytest.approx(0.06), pytest.approx(0.08))
 
 
 @pytest.mark.parametrize("text, value", [("10Gbit", 1.25e9), ("25 Gbit/s", 3.125e9), ("100Mbit", 12.5e6),
                                          ("1.5GB/s", 1.5e9), ("800mbps", 100e6)])
 def test_bandwidth_units(text, value):
-    assert scaling.parse_bandwidth(text) == pytest.approx(value)
+    assert cost_model.parse_bandwidth(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text", ["fast", "10", "0Gbit", "-1Gbit", "10 Gbits per second"])
 def test_a_bandwidth_without_a_unit_says_what_it_expects(text):
     with pytest.raises(ValueError, match=rf"bandwidth {text!r} is not a rate; expected .*10Gbit"):
-        scaling.parse_bandwidth(text)
+        cost_model.parse_bandwidth(text)
 
 
 def test_a_latency_without_a_unit_says_what_it_expects():
-    assert scaling.parse_latency("250ns") == pytest.approx(2.5e-7)
+    assert cost_model.parse_latency("250ns") == pytest.approx(2.5e-7)
     with pytest.raises(ValueError, match=r"latency '20' is not a time; expected .*20us"):
-        scaling.parse_latency("20")
+        cost_model.parse_latency("20")
 
 
 def test_the_probe_fit_recovers_latency_and_bandwidth():

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from helpers import REPO
-from kfast import tf_noise
+from kfast._core import tf_noise
 
 STARTUP = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
@@ -61,7 +61,7 @@ def test_copy_drops_only_startup_lines_unless_asked(monkeypatch):
 
 
 def test_filter_runs_as_a_script_without_starting_tensorflow():
-    script = os.path.join(REPO, "kfast", "tf_noise.py")
+    script = os.path.join(REPO, "kfast", "_core", "tf_noise.py")
     feed = "\n".join(STARTUP + ["kept"]) + "\n"
     proc = subprocess.run([sys.executable, "-X", "importtime", script], input=feed, capture_output=True, text=True,
                           timeout=60)

@@ -9,8 +9,8 @@ import datasets
 import kfast
 import kfast.callbacks
 from helpers import REPO
-from kfast import tune_cache
-from kfast import tuner
+from kfast.tuning import cache as tune_cache
+from kfast.tuning import search
 from kfast.data import FastLoader
 
 
@@ -39,7 +39,7 @@ def scripted(rates, clock=None):
 def test_picks_processes_when_threads_plateau():
     rates = {(1, False): 100, (2, False): 102, (1, True): 95, (2, True): 180, (4, True): 300, (8, True): 310}
     measure, calls = scripted(rates)
-    result = tuner._search(measure, max_workers=8)
+    result = search._search(measure, max_workers=8)
     assert (result.workers, result.use_multiprocessing, result.max_queue_size) == (4, True, 8)
     assert result.batches_per_s == 300
     # threads stopped at the plateau (2 workers), processes at 8 (under 5% better), then a deeper queue
@@ -50,7 +50,7 @@ def test_picks_processes_when_threads_plateau():
 
 def test_stops_once_the_model_cannot_consume_more():
     measure, calls = scripted({(1, False): 50, (2, False): 120, (4, False): 200})
-    result = tuner._search(measure, max_workers=8, target=110)
+    result = search._search(measure, max_workers=8, target=110)
     assert calls == [(1, False, 2), (2, False, 4)]
     assert (result.workers, result.use_multiprocessing) == (2, False)
 
@@ -58,7 +58,7 @@ def test_stops_once_the_model_cannot_consume_more():
 def test_stops_at_the_budget():
     clock = Clock()
     measure, calls = scripted({(w, p): 10 * w for w in (1, 2, 4, 8) for p in (False, True)}, clock)
-    tuner._search(measure, max_workers=8, budget_s=2.5, clock=clock)
+    search._search(measure, max_workers=8, budget_s=2.5, clock=clock)
     assert len(calls) == 3
 
 
@@ -232,13 +232,13 @@ def _training_data():
 
 
 def test_a_fit_burst_trains_the_model_and_keeps_its_history():
-    from kfast import fit_burst
+    from kfast._core import fit_timing
 
     model, _ = _twin_models()
     history = model.fit(_training_data(), epochs=1, verbose=0)
     steps = int(model.optimizer.iterations.numpy())
     with FastLoader(_training_data(), workers=1, use_multiprocessing=False) as loader:
-        rate = fit_burst.steps_per_s(model, loader, warmup=2, seconds=0.2)
+        rate = fit_timing.steps_per_s(model, loader, warmup=2, seconds=0.2)
     trained = int(model.optimizer.iterations.numpy()) - steps
     # The burst ran real training steps (warm-up included), and fit's History still is the user's.
     assert rate > 0 and trained >= 2 + 3

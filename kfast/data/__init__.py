@@ -1,7 +1,7 @@
 """Input pipelines: FastLoader, in-memory datasets and sharding across ranks.
 
 The names load on first use (PEP 562), so that a loader worker process, which imports
-`kfast.data._worker`, loads numpy and nothing heavier.
+`kfast.data._workers.worker`, loads numpy and nothing heavier.
 """
 
 import importlib
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 __all__ = ["ArrayDataset", "FastLoader", "ShardedDataset", "WorkerError", "shard"]
 
 _HOMES = {"ArrayDataset": "kfast.data.arrays", "FastLoader": "kfast.data.loader", "ShardedDataset": "kfast.data.sharding",
-          "WorkerError": "kfast.data._pool", "shard": "kfast.data.sharding"}
+          "WorkerError": "kfast.data._workers.pool", "shard": "kfast.data.sharding"}
 
 if TYPE_CHECKING:  # what IDEs and type checkers read
-    from kfast.data._pool import WorkerError  # noqa: F401
+    from kfast.data._workers.pool import WorkerError  # noqa: F401
     from kfast.data.arrays import ArrayDataset  # noqa: F401
     from kfast.data.loader import FastLoader  # noqa: F401
     from kfast.data.sharding import ShardedDataset, shard  # noqa: F401

@@ -7,7 +7,7 @@ It imports numpy and kfast's keras-free helpers only.
 
 import numpy as np
 
-from kfast.checks import check_int
+from kfast._core.checks import check_int
 from kfast.data import structure
 
 

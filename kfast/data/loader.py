@@ -1,6 +1,5 @@
 """FastLoader: a PyDataset that loads batches in parallel worker processes or threads."""
 
-import os
 import threading
 import time
 import warnings
@@ -9,15 +8,16 @@ import keras
 import numpy as np
 import psutil
 
-from kfast.checks import check_int, check_number
-from kfast import distributed
-from kfast.data import _fill
-from kfast.data import _interrupt
-from kfast.data import _pool
-from kfast.data import _signals
-from kfast.data import _threads
+from kfast._core.checks import check_int, check_number
+from kfast._core.cpus import usable_cpus
+from kfast.distributed import _horovod as distributed
+from kfast.data._workers import fill
+from kfast.data._workers import interrupt
+from kfast.data._workers import pool
+from kfast.data._workers import signals
+from kfast.data._workers import threads
 from kfast.data import structure
-from kfast.data._pool import WorkerError
+from kfast.data._workers.pool import WorkerError
 from kfast.data.sharding import ShardedDataset
 
 __all__ = ["FastLoader", "WorkerError"]
@@ -26,13 +26,9 @@ __all__ = ["FastLoader", "WorkerError"]
 _MAX_TASKS_PER_WORKER = 128
 
 
-def _cores():
-    return len(os.sched_getaffinity(0))
-
-
 def default_workers():
     """One worker per usable CPU core (at most 16)."""
-    return max(1, min(16, _cores()))
+    return max(1, min(16, usable_cpus()))
 
 
 def _length(dataset):
@@ -49,9 +45,9 @@ def _length(dataset):
 
 
 def _capped_workers(workers):
-    most = 4 * _cores()
+    most = 4 * usable_cpus()
     if workers is not None and not isinstance(workers, bool) and isinstance(workers, int) and workers > most:
-        warnings.warn(f"FastLoader got workers={workers}, more than 4 per usable CPU core ({_cores()} cores); "
+        warnings.warn(f"FastLoader got workers={workers}, more than 4 per usable CPU core ({usable_cpus()} cores); "
                       f"using {most}. More workers than that only compete for the same cores.", stacklevel=3)
         return most
     return workers
@@ -167,8 +163,8 @@ class FastLoader(keras.utils.PyDataset):
         self.timeout = timeout
         self._interrupt_mark = time.monotonic()
         self._interrupted = False
-        _interrupt.install()
-        _signals.watch(self)
+        interrupt.install()
+        signals.watch(self)
         self._num_workers = workers or default_workers()
         self._processes = use_multiprocessing
         self._queue_size = max_queue_size
@@ -227,7 +223,7 @@ class FastLoader(keras.utils.PyDataset):
 
     def _start(self):
         # fill_batch is lent arrays shaped like batch 0 (a whole batch: only the last may be short).
-        fills = _fill.method(self.dataset) is not None
+        fills = fill.method(self.dataset) is not None
         first = self.dataset[0 if fills else self._index(0, 0)]
         if self._signature is None:
             self._signature = structure.signature(first)
@@ -238,11 +234,11 @@ class FastLoader(keras.utils.PyDataset):
         if self._processes:
             # Two slots more than the queue: the batches just handed out are usually still in use. A later
             # batch larger than this first one grows the slots.
-            self._pool = _pool.ProcessPool(self.dataset, self._num_workers, self._in_flight + 2,
+            self._pool = pool.ProcessPool(self.dataset, self._num_workers, self._in_flight + 2,
                                            nbytes if layout is not None else 0, type(self.dataset).__name__,
                                            seed=self.seed, timeout=self.timeout, template=template)
         else:
-            self._pool = _threads.ThreadPool(self.dataset, self._num_workers, timeout=self.timeout,
+            self._pool = threads.ThreadPool(self.dataset, self._num_workers, timeout=self.timeout,
                                              template=template)
 
     def _check_memory(self, batch_bytes):

@@ -1,7 +1,7 @@
 """Split a dataset's batches across ranks so that every rank gets the same number."""
 
-from kfast.checks import check_int
-from kfast.data._worker_form import worker_form
+from kfast._core.checks import check_int
+from kfast.data._workers.worker_form import worker_form
 
 _MODES = ("drop", "pad")
 

@@ -1,7 +1,8 @@
 """Data-parallel training with Horovod on Keras 3: topology, collectives, resuming and standard callbacks.
 
 `kfast.distributed._horovod` holds Horovod and the collectives (the only module that imports Horovod);
-`checkpoint` saves and restores training state; `defaults` assembles the standard callbacks; `elastic`
+`optimizer` averages gradients across ranks (`DistributedOptimizer`); `checkpoint` saves and restores
+training state; `defaults` assembles the standard callbacks; `elastic`
 and `elastic_loop` keep a job training while ranks leave and join.
 """
 
@@ -23,7 +24,8 @@ from kfast.distributed.checkpoint import restore
 from kfast.distributed.defaults import callbacks
 from kfast.distributed.defaults import default_callbacks
 from kfast.distributed.elastic_loop import elastic_fit
+from kfast.distributed.optimizer import DistributedOptimizer
 
-__all__ = ["allgather_object", "allreduce_average", "allreduce_mean_values", "broadcast_object",
+__all__ = ["DistributedOptimizer", "allgather_object", "allreduce_average", "allreduce_mean_values", "broadcast_object",
            "broadcast_variables", "callbacks", "default_callbacks", "elastic_fit", "horovodrun_path", "init", "is_chief",
            "is_initialized", "local_rank", "local_size", "rank", "restore", "size", "verbose"]

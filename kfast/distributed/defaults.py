@@ -37,6 +37,6 @@ def default_callbacks(checkpoint_dir=None, *, warmup_epochs=5, monitor="val_loss
 
 def callbacks(checkpoint_dir=None, **kwargs):
     """Deprecated name of `default_callbacks` (it read like the `kfast.callbacks` package); kept one release."""
-    warnings.warn("kfast.distributed.default_callbacks() is now kfast.distributed.default_callbacks(); the old name goes "
-                  "in the next release.", DeprecationWarning, stacklevel=2)
+    warnings.warn("kfast.distributed.callbacks() is now kfast.distributed.default_callbacks() (the old name read like the "
+                  "kfast.callbacks package); the old name goes in the next release.", DeprecationWarning, stacklevel=2)
     return default_callbacks(checkpoint_dir, **kwargs)

@@ -2,7 +2,7 @@
 
 import keras
 
-from kfast.checks import check_int
+from kfast._core.checks import check_int
 from kfast.data.sharding import ShardedDataset
 from kfast.distributed import _horovod as distributed
 from kfast.distributed import elastic

@@ -11,8 +11,8 @@ import pytest
 import datasets
 import kfast.callbacks
 import tb_events
-from kfast import callback_order
-from kfast import gpu_sampling
+from kfast._core import callback_order
+from kfast._core import gpu_sampling
 from kfast.data import FastLoader
 
 
@@ -208,12 +208,12 @@ class _WaitingLoader:
 
 
 def test_auto_tune_ignores_validation_time(monkeypatch):
-    from kfast import tuner
+    from kfast.tuning import search
     from kfast.callbacks import auto_tune
 
     now = [0.0]
     monkeypatch.setattr(auto_tune, "_clock", lambda: now[0])
-    result = tuner.TuneResult(2, True, 4, 50.0, [])
+    result = search.TuneResult(2, True, 4, 50.0, [])
     loader = _WaitingLoader()
     monkeypatch.setattr(auto_tune, "_tune", lambda *a, **k: result)
     cb = kfast.callbacks.AutoTune(loader, threshold=0.2, verbose=0)

@@ -20,7 +20,7 @@ import kfast
 from helpers import REPO
 from kfast.data import FastLoader
 from kfast.data import WorkerError
-from kfast.data import _pool
+from kfast.data._workers import pool
 
 MODES = [pytest.param(True, id="processes"), pytest.param(False, id="threads")]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
@@ -96,7 +96,7 @@ def test_timeout_names_the_batch_the_worker_and_where_it_is_stuck(use_multiproce
 
 
 def test_a_stalled_batch_warns_with_the_same_facts(monkeypatch):
-    monkeypatch.setattr(_pool, "_STALL_WARNING_S", 0.5)
+    monkeypatch.setattr(pool, "_STALL_WARNING_S", 0.5)
     with FastLoader(datasets.Squares(n=3, delay=1.2), workers=1) as loader:
         with pytest.warns(UserWarning, match=r"(?s)has waited 1 s for batch index \d from worker 0 \(pid \d+\); its stack:.*in __getitem__"):
             assert _ids(loader) == [0, 1, 2]
@@ -280,7 +280,7 @@ def test_workers_draw_different_random_numbers_every_epoch():
 
 
 def test_worker_seed_follows_seed_worker_and_epoch():
-    from kfast.data._worker import seed_worker
+    from kfast.data._workers.worker import seed_worker
 
     seed_worker(7, 1, 2)
     first = (np.random.randint(2**31), __import__("random").random())

@@ -13,7 +13,7 @@ import pytest
 import harness
 from runner import ALLREDUCE, horovodrun
 from helpers import README_DATASET, rank_lines, readme_scale_out_snippet
-from kfast import tf_noise
+from kfast._core import tf_noise
 
 WORK = f"{harness.HOST_DIR}/work"
 

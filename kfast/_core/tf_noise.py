@@ -13,7 +13,7 @@ Only those lines match (with or without horovodrun's `[rank]<stderr>:` prefix); 
 TensorFlow's included, pass. `KFAST_TF_STARTUP_LOGS=1` passes everything.
 
 The module imports nothing from kfast, so a shell can filter through it without starting TensorFlow:
-`kfast doctor 2> >(python kfast/tf_noise.py >&2)` (`make demo` does).
+`kfast doctor 2> >(python kfast/_core/tf_noise.py >&2)` (`make demo` does).
 """
 
 import os

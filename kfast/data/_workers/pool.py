@@ -6,7 +6,7 @@ Both pools (this one, and the threads in `_threads`) take tasks `submit(seq, ind
 NOTE [Who owns what, and the shutdown order]
 - The training process owns the pool: the worker processes, one duplex pipe and one stack pipe per
   worker, and the shared-memory ring (`_ring.Ring`). Workers fork from multiprocessing's fork server, a
-  clean interpreter that preloaded `kfast.data._worker` (numpy only) and the module of what the workers
+  clean interpreter that preloaded `kfast.data._workers.worker` (numpy only) and the module of what the workers
   load (the dataset, or its lighter `worker_dataset()`, see `_worker_form`), never from the training process.
 - `close()` (also run by a finalizer at exit or when the pool is garbage-collected) sends every worker
   `None`, waits up to a second for all of them together, kills those still busy (a stuck `__getitem__`),
@@ -31,11 +31,11 @@ import weakref
 
 import cloudpickle
 
-from kfast.data import _interrupt
-from kfast.data import _ring
-from kfast.data import _worker
+from kfast.data._workers import interrupt
+from kfast.data._workers import ring as _ring
+from kfast.data._workers import worker
 from kfast.data import structure
-from kfast.data._worker_form import worker_form
+from kfast.data._workers.worker_form import worker_form
 from kfast.data.sharding import ShardedDataset
 
 # Workers never fork from the training process: forking a parent whose TensorFlow (or JAX) runtime
@@ -47,8 +47,8 @@ _START_METHOD = "forkserver"
 _STALL_WARNING_S = 60.0
 _POLL_S = 0.25  # how often a wait looks at Ctrl-C, the timeout and the stall warning
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, the main thread's own KeyboardInterrupt gets this long first
-_PATH_VARIABLE = "KFAST_MP_SYS_PATH"  # read by kfast.data._server_path in the fork server
-_TEMP_DIR_VARIABLE = "KFAST_MP_TEMP_DIR"  # read by kfast.data._janitor in the fork server; never imported here
+_PATH_VARIABLE = "KFAST_MP_SYS_PATH"  # read by kfast.data._workers.server_path in the fork server
+_TEMP_DIR_VARIABLE = "KFAST_MP_TEMP_DIR"  # read by kfast.data._workers.janitor in the fork server; never imported here
 
 
 class WorkerError(RuntimeError):
@@ -66,7 +66,7 @@ def _context(dataset):
     # A shard's wrapped dataset is imported too (FastLoader shards every dataset under Horovod).
     parts = [dataset, dataset.dataset] if isinstance(dataset, ShardedDataset) else [dataset]
     modules = [type(part).__module__ for part in parts]
-    preload = ["kfast.data._server_path", "kfast.data._janitor", "kfast.data._worker"] + [
+    preload = ["kfast.data._workers.server_path", "kfast.data._workers.janitor", "kfast.data._workers.worker"] + [
         module for module in dict.fromkeys(modules) if module not in ("__main__", "builtins")]
     # Only the first call before the server starts takes effect; later datasets import in the child.
     ctx.set_forkserver_preload(preload)
@@ -79,7 +79,7 @@ def _server_environment():
     it exits (see the NOTE above) and this process's sys.path (see _server_path).
 
     Set only while processes start: other programs this process runs later must not inherit them (a
-    Python child that imported `kfast.data._server_path` would take on this process's path).
+    Python child that imported `kfast.data._workers.server_path` would take on this process's path).
     """
     values = {_TEMP_DIR_VARIABLE: multiprocessing.util.get_temp_dir(), _PATH_VARIABLE: json.dumps(sys.path)}
     saved = {key: os.environ.get(key) for key in values}
@@ -169,10 +169,10 @@ class Waiter:
 
     def check(self):
         now = time.monotonic()
-        if _interrupt.since(self.interrupt_mark, _INTERRUPT_GRACE_S):
-            if _interrupt.interactive():
+        if interrupt.since(self.interrupt_mark, _INTERRUPT_GRACE_S):
+            if interrupt.interactive():
                 raise KeyboardInterrupt("FastLoader stopped waiting for a batch: Ctrl-C")
-            _interrupt.end_process(f"Ctrl-C while the training loop waited {now - self.start:.0f} s for a batch "
+            interrupt.end_process(f"Ctrl-C while the training loop waited {now - self.start:.0f} s for a batch "
                                    "from a FastLoader worker; FastLoader closed its workers and ended the process.")
         if self.timeout is not None and now - self.start > self.timeout:
             raise WorkerError(f"FastLoader timed out after {self.timeout:g} s (timeout=) waiting for "
@@ -210,7 +210,7 @@ class ProcessPool:
         for i in range(workers):
             parent_end, child_end = ctx.Pipe(duplex=True)
             stack_read, stack_write = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker.run, name=f"kfast-loader-{i}", daemon=True,
+            p = ctx.Process(target=worker.run, name=f"kfast-loader-{i}", daemon=True,
                             args=(child_end, lifeline_read, stack_write, payload, ring, seed, i, template))
             with _main_hidden(), _server_environment():
                 p.start()

@@ -15,10 +15,10 @@ import warnings
 from concurrent import futures
 from concurrent.futures import Future
 
-from kfast.data import _fill
-from kfast.data._pool import _POLL_S
-from kfast.data._pool import Waiter
-from kfast.data._pool import WorkerError
+from kfast.data._workers import fill
+from kfast.data._workers.pool import _POLL_S
+from kfast.data._workers.pool import Waiter
+from kfast.data._workers.pool import WorkerError
 
 _CLOSE_WAIT_S = 2.0
 
@@ -61,8 +61,8 @@ class ThreadPool:
         self._tasks.put((future, self._load, index))
 
     def update_dataset(self, dataset):
-        fill_batch = _fill.method(dataset) if self._template is not None else None
-        self._load = (functools.partial(_fill.new_batch, fill_batch, self._template) if fill_batch is not None
+        fill_batch = fill.method(dataset) if self._template is not None else None
+        self._load = (functools.partial(fill.new_batch, fill_batch, self._template) if fill_batch is not None
                       else dataset.__getitem__)
 
     def _describe(self, index):

@@ -27,7 +27,7 @@ import traceback
 
 import numpy as np
 
-from kfast.data import _fill
+from kfast.data._workers import fill
 from kfast.data import structure
 
 def _watch_parent(lifeline):
@@ -79,12 +79,12 @@ def _attach(name):
 
 
 def _load(dataset, index, shm, slot, slot_bytes, template):
-    fill_batch = _fill.method(dataset) if template is not None else None
+    fill_batch = fill.method(dataset) if template is not None else None
     if fill_batch is not None and shm is not None and slot >= 0:
         # Straight into the slot: the batch is written once, where the training process will read it.
-        layout, _ = _fill.fill(fill_batch, index, template, shm.buf, slot * slot_bytes)
+        layout, _ = fill.fill(fill_batch, index, template, shm.buf, slot * slot_bytes)
         return ("shm", None, template[0], layout)
-    batch = _fill.new_batch(fill_batch, template, index) if fill_batch is not None else dataset[index]
+    batch = fill.new_batch(fill_batch, template, index) if fill_batch is not None else dataset[index]
     spec, leaves = structure.flatten(batch)
     layout, nbytes = structure.shm_layout(leaves)
     if layout is None or shm is None:

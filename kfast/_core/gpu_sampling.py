@@ -102,6 +102,6 @@ def local_sampler():
     Raises:
         nvml.NvmlUnavailable: with the reason, when there is no usable GPU.
     """
-    from kfast import distributed
+    from kfast.distributed import _horovod as distributed
 
     return nvml.Sampler(distributed.local_rank())

@@ -2,6 +2,9 @@
 
 import sys
 
+from kfast.cli._common import load_target
+from kfast.cli._common import show
+
 
 def add(subparsers):
     p = subparsers.add_parser(
@@ -35,10 +38,8 @@ def _ranks(text):
 
 
 def run(args):
-    import kfast
-    from kfast import link_probe
-    from kfast.cli import load_target
-    from kfast.cli import show
+    from kfast.planning import plan
+    from kfast.planning import link_probe
 
     try:
         ranks = _ranks(args.ranks) if args.ranks else None
@@ -57,7 +58,7 @@ def run(args):
     built = load_target(args.target)()
     model, dataset = built if isinstance(built, tuple) else (built, None)
     try:
-        result = kfast.plan(model, dataset, ranks=ranks, bandwidth=bandwidth, latency=latency,
+        result = plan(model, dataset, ranks=ranks, bandwidth=bandwidth, latency=latency,
                             compression=args.compression, servers=args.servers, batch_size=args.batch_size,
                             link_source=source)
     except ValueError as e:

@@ -45,11 +45,11 @@ def draw(plan, path):
         ax.set_xlabel("ranks (GPUs)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper right" if ax is eff else "upper left")
-    from kfast import scaling
+    from kfast.planning import cost_model
 
-    fig.suptitle(f"kfast plan: {plan.name}, {scaling.human_bytes(plan.gradient_bytes)} of gradients per step, "
-                 f"compute {scaling.human_seconds(plan.compute_s)} at batch {plan.batch_size}, link "
-                 f"{scaling.human_rate(plan.bandwidth)} / {scaling.human_seconds(plan.latency)}", fontsize=10)
+    fig.suptitle(f"kfast plan: {plan.name}, {cost_model.human_bytes(plan.gradient_bytes)} of gradients per step, "
+                 f"compute {cost_model.human_seconds(plan.compute_s)} at batch {plan.batch_size}, link "
+                 f"{cost_model.human_rate(plan.bandwidth)} / {cost_model.human_seconds(plan.latency)}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)

@@ -7,11 +7,11 @@ import time
 import keras
 import numpy as np
 
-from kfast.checks import check_int
-from kfast import fit_burst
-from kfast import gpu_sampling
+from kfast._core.checks import check_int
+from kfast._core import fit_timing
+from kfast._core import gpu_sampling
 from kfast import nvml
-from kfast.diagnosis import Diagnosis
+from kfast.diagnosis.report import Diagnosis
 
 
 class _StepClock(keras.callbacks.Callback):
@@ -82,7 +82,7 @@ def first_batch(data):
 def compute_seconds(model, batch, *, steps=10, warmup=3):
     """Seconds of each of `steps` training steps on one cached `batch`: the model alone, no input, through
     fit's own train step. The model's weights and optimizer state are put back afterwards."""
-    with fit_burst.state_kept(model):
+    with fit_timing.state_kept(model):
         return _fit(model, _Repeat(batch, warmup + steps), warmup + steps)[warmup:]
 
 
@@ -136,7 +136,7 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
     check_int("diagnose", "warmup", warmup, least=0, hint="untimed batches before each phase")
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ValueError("diagnose needs a compiled model: call model.compile(optimizer, loss) first.")
-    fit_burst.check_model("diagnose", model)  # built too: its weights are put back afterwards
+    fit_timing.check_model("diagnose", model)  # built too: its weights are put back afterwards
     total = warmup + steps
     if _length(data) == 0:
         raise ValueError(f"diagnose got {type(data).__name__} with no batches; pass the data you train on.")
@@ -160,7 +160,7 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
             gpu[name] = gpu_sampling.summarize(samples)
 
     try:
-        with fit_burst.state_kept(model):
+        with fit_timing.state_kept(model):
             first, stamps = None, [time.perf_counter()]
             for batch in _batches(data, total):
                 first = batch if first is None else first

@@ -88,16 +88,6 @@ def step_range(compute, exchange):
     return compute + exchange - hidden, compute + exchange
 
 
-def ranks_up_to(most):
-    """1, 2, 4, ... up to `most` (and `most` itself)."""
-    out = [1]
-    while out[-1] * 2 <= most:
-        out.append(out[-1] * 2)
-    if out[-1] != most:
-        out.append(most)
-    return out
-
-
 def human_bytes(n):
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:

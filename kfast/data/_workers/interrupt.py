@@ -79,12 +79,12 @@ def interactive():
 
 def end_process(message):
     """Says why on stderr, closes every loader, and ends the process with status 130 (Ctrl-C)."""
-    from kfast.data import _signals
+    from kfast.data._workers import signals
 
     sys.stderr.write(f"\nKeyboardInterrupt: {message}\n")
     sys.stderr.flush()
     try:
-        _signals.clean_up()
+        signals.clean_up()
     finally:
         sys.stdout.flush()
         os._exit(128 + signal.SIGINT)  # what a shell reports for Ctrl-C; no unwinding through the framework

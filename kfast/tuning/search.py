@@ -1,12 +1,13 @@
 """`kfast.tune` (defined here): pick FastLoader's workers, processes or threads, and queue depth by measuring."""
 
 import contextlib
-import os
 import time
 
-from kfast.checks import check_int, check_number
-from kfast import fit_burst
-from kfast import tune_cache
+from kfast._core.checks import check_int, check_number
+from kfast._core.cpus import doublings
+from kfast._core.cpus import usable_cpus
+from kfast._core import fit_timing
+from kfast.tuning import cache as tune_cache
 from kfast.data.loader import FastLoader
 
 
@@ -92,11 +93,7 @@ def _search(measure, max_workers, *, target=None, budget_s=30, clock=time.monoto
     def done(rate):
         return target is not None and rate >= target
 
-    counts = [1]
-    while counts[-1] * 2 <= max_workers:
-        counts.append(counts[-1] * 2)
-    if counts[-1] != max_workers:
-        counts.append(max_workers)
+    counts = doublings(max_workers)
     for processes in (False, True):
         best_here = 0.0
         for workers in counts:
@@ -169,13 +166,13 @@ def tune(dataset, *, model=None, budget_s=30, max_workers=None, target_batches_p
     8
     """
     check_number("tune", "budget_s", budget_s, above=0, unit="seconds", hint="e.g. budget_s=30")
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cpus()
     # Validated before defaulting: only None means "the default"; 0 is a mistake, not a request for it.
     check_int("tune", "max_workers", max_workers, or_none=f"for twice the usable CPU cores ({2 * cpus})")
     if max_workers is None:
         max_workers = 2 * cpus
     if model is not None:
-        fit_burst.check_model("tune", model)
+        fit_timing.check_model("tune", model)
     key = tune_cache.signature(dataset, model)
     # An explicit max_workers above 4x the cores is honoured; a cached count beyond both is not tune's.
     cached = None if force else tune_cache.load(key, most_workers=max(max_workers, 4 * cpus))
@@ -190,10 +187,10 @@ def tune(dataset, *, model=None, budget_s=30, max_workers=None, target_batches_p
         if model is not None:
             with FastLoader(dataset, workers=workers, use_multiprocessing=processes,
                             max_queue_size=queue) as loader:
-                return fit_burst.steps_per_s(model, loader, warmup=max(2, queue), seconds=burst)
+                return fit_timing.steps_per_s(model, loader, warmup=max(2, queue), seconds=burst)
         return measure_loader(dataset, workers, processes, queue, seconds=burst)
 
-    with fit_burst.state_kept(model) if model is not None else contextlib.nullcontext():
+    with fit_timing.state_kept(model) if model is not None else contextlib.nullcontext():
         result = _search(measure, max_workers, target=target_batches_per_s, budget_s=budget_s, progress=progress)
     tune_cache.store(key, result.to_dict())
     return result

@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from kfast._core.cpus import usable_cpus
 from kfast.data import structure
 
 _SETTINGS = ("workers", "use_multiprocessing", "max_queue_size", "batches_per_s")
@@ -101,7 +102,7 @@ def load(key, most_workers=None):
     entry = _read(path).get(key)
     if entry is None:
         return None
-    problem = _problem(entry, most_workers or 4 * len(os.sched_getaffinity(0)))
+    problem = _problem(entry, most_workers or 4 * usable_cpus())
     if problem is not None:
         warnings.warn(f"kfast ignored a malformed entry in its tuning cache {path} ({problem}); it will measure "
                       "again and overwrite the entry.", stacklevel=3)

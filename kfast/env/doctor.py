@@ -4,54 +4,14 @@ Each check records what it found; each problem carries its fix and a severity. A
 required piece is broken (the CLI then exits non-zero); a "warning" means something optional is missing.
 """
 
-import importlib.metadata
-import importlib.util
-import json
 import os
 import platform
 import sys
 
-from kfast.distributed import _horovod
 from kfast import nvml
-
-
-def _dist_version(name):
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def horovod_build():
-    """Describes the installed Horovod without starting it.
-
-    Returns:
-        A dict with `installed` (bool), `version`, `built_for_tensorflow` (the TensorFlow version the
-        binary was compiled against), `gloo`, `mpi`, `nccl`, `cuda` (bools) and `error` (why the
-        TensorFlow extension cannot load, or None).
-    """
-    info = {"installed": False, "version": None, "built_for_tensorflow": None, "gloo": None,
-            "mpi": None, "nccl": None, "cuda": None, "error": None}
-    spec = importlib.util.find_spec("horovod")
-    if spec is None:
-        info["error"] = "Horovod is not installed; install it with `bash scripts/install_horovod.sh` (see README)."
-        return info
-    info["installed"] = True
-    try:
-        info["version"] = importlib.metadata.version("horovod")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    try:
-        with open(os.path.join(list(spec.submodule_search_locations)[0], "metadata.json")) as f:
-            info["built_for_tensorflow"] = json.load(f).get("tensorflow")
-    except (OSError, ValueError):
-        pass
-    try:
-        hvd = _horovod.import_horovod()
-        info.update(gloo=hvd.gloo_built(), mpi=hvd.mpi_built(), nccl=hvd.nccl_built(), cuda=hvd.cuda_built())
-    except Exception as e:  # noqa: BLE001 - any failure to load the extension is reported, not raised
-        info["error"] = f"{type(e).__name__}: {e}"
-    return info
+from kfast._core.cpus import usable_cpus
+from kfast.env.horovod_build import _dist_version
+from kfast.env.horovod_build import horovod_build
 
 
 # What kfast offers on every Keras backend; kfast.distributed needs TensorFlow's (Horovod's TensorFlow collectives).
@@ -203,19 +163,19 @@ def collect():
 
     Example:
 
-    >>> import kfast.doctor
-    >>> report = kfast.doctor.collect()
+    >>> import kfast.env.doctor
+    >>> report = kfast.env.doctor.collect()
     >>> all({"severity", "problem", "fix"} <= set(p) for p in report["problems"])
     True
     """
-    from kfast import __version__
+    from kfast._version import __version__
 
     report = {
         "kfast": __version__,
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": platform.platform(),
         "cpus": {"total": os.cpu_count(),
-                 "usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()},
+                 "usable": usable_cpus()},
         "problems": [],
     }
     _check_platform(report)
@@ -232,9 +192,9 @@ def collect():
 def check_hosts(report, names):
     """Adds to `report` the checks `kfast launch` runs on hosts `names` before starting horovodrun.
 
-    Stores `kfast.preflight.check`'s result under `hosts`; each problem it finds is an error.
+    Stores `kfast.env.preflight.check`'s result under `hosts`; each problem it finds is an error.
     """
-    from kfast import preflight
+    from kfast.env import preflight
 
     result = preflight.check(names)
     report["hosts"] = result
@@ -284,7 +244,7 @@ def format_report(report):
     lines += [f"  {name:<13} {value}" for name, value in rows]
     lines.append("")
     if "hosts" in report:
-        from kfast import preflight
+        from kfast.env import preflight
 
         hosts = report["hosts"]
         lines.append(f"Hosts (checked from {hosts['this_host']} over ssh, working directory {hosts['directory']}):")

@@ -2,7 +2,7 @@
 
 It measures the two numbers of the model that decide scaling, on this machine, in seconds: compute time
 per training step and gradient bytes per step; takes the links' bandwidth and latency (given, or
-measured between hosts by `kfast.link_probe`); and applies the cost model in `kfast.scaling`.
+measured between hosts by `kfast.planning.link_probe`); and applies the cost model in `kfast.planning.cost_model`.
 """
 
 import json
@@ -12,9 +12,10 @@ import os
 import keras
 import numpy as np
 
-from kfast import scaling
-from kfast.checks import check_int
-from kfast.checks import check_number
+from kfast.planning import cost_model
+from kfast._core.checks import check_int
+from kfast._core.cpus import doublings
+from kfast._core.checks import check_number
 
 # Horovod fuses tensors into buffers of this size (HOROVOD_FUSION_THRESHOLD, bytes) before sending.
 _FUSION_DEFAULT = 128 * 1024 * 1024
@@ -50,13 +51,13 @@ class Plan:
     def _exchange(self, n, nbytes=None, accumulation=None):
         nbytes = self.gradient_bytes if nbytes is None else nbytes
         # With gradient accumulation the exchange happens once every `accumulation` steps.
-        return scaling.ring_seconds(nbytes, n, self.bandwidth, self.latency, self.messages) / (
+        return cost_model.ring_seconds(nbytes, n, self.bandwidth, self.latency, self.messages) / (
             accumulation or self.accumulation)
 
     def _row(self, n):
         exchange = self._exchange(n)
-        fast, slow = scaling.step_range(self.compute_s, exchange)
-        server = self.compute_s + scaling.server_seconds(self.gradient_bytes, n, self.bandwidth, self.latency,
+        fast, slow = cost_model.step_range(self.compute_s, exchange)
+        server = self.compute_s + cost_model.server_seconds(self.gradient_bytes, n, self.bandwidth, self.latency,
                                                          self.servers, self.messages) / self.accumulation
         return {"ranks": n, "exchange_s": exchange, "step_s": slow, "step_overlap_s": fast,
                 "samples_per_s": n * self.batch_size / slow, "efficiency": self.compute_s / slow,
@@ -75,10 +76,10 @@ class Plan:
                     f"(threshold {self.threshold:.0%}); nothing to change."]
         n, target = largest["ranks"], max(self.threshold, 0.9)
         out = []
-        need = scaling.needed_compute(largest["exchange_s"], target)
+        need = cost_model.needed_compute(largest["exchange_s"], target)
         factor = math.ceil(need / self.compute_s)
-        ratio = (f"at {n} ranks the gradient exchange ({scaling.human_seconds(largest['exchange_s'])}) is "
-                 f"{largest['exchange_s'] / self.compute_s:.2g}x the compute ({scaling.human_seconds(self.compute_s)})")
+        ratio = (f"at {n} ranks the gradient exchange ({cost_model.human_seconds(largest['exchange_s'])}) is "
+                 f"{largest['exchange_s'] / self.compute_s:.2g}x the compute ({cost_model.human_seconds(self.compute_s)})")
         if factor <= _MOST_BATCH_FACTOR:
             out.append(f"{ratio}: a per-rank batch {factor}x larger ({factor * self.batch_size}) reaches about "
                        f"{target:.0%} (compute grows with the batch, the exchange does not).")
@@ -115,14 +116,14 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2)
 
     def __str__(self):
-        h = scaling.human_seconds
+        h = cost_model.human_seconds
         compressed = " (fp16 compression)" if self.compression else ""
         lines = [
-            f"kfast plan: {self.name}, {self.parameters:,} trainable values, {scaling.human_bytes(self.gradient_bytes)} "
+            f"kfast plan: {self.name}, {self.parameters:,} trainable values, {cost_model.human_bytes(self.gradient_bytes)} "
             f"of {self.dtype} gradients per step{compressed}, in {self.messages} fused allreduce(s)",
             f"compute {h(self.compute_s)} per step at batch {self.batch_size} per rank "
             f"({self.batch_size / self.compute_s:,.0f} samples/s on one rank)",
-            f"link {scaling.human_rate(self.bandwidth)}, latency {h(self.latency)} ({self.link_source})",
+            f"link {cost_model.human_rate(self.bandwidth)}, latency {h(self.latency)} ({self.link_source})",
             "",
             f"{'ranks':>5}  {'step (kfast)':>12}  {'samples/s':>10}  {'efficiency':>10}  {'with overlap':>12}  "
             f"{'param server x' + str(self.servers):>16}",
@@ -139,9 +140,9 @@ class Plan:
 
     def plot(self, path):
         """Writes efficiency and throughput against ranks (log axes) for both strategies as a PNG."""
-        from kfast import plan_plot
+        from kfast.planning import plot
 
-        plan_plot.draw(self, path)
+        plot.draw(self, path)
         return path
 
 
@@ -176,7 +177,7 @@ def plan(model, dataset=None, *, ranks=None, bandwidth=None, latency=None, compr
 
     Measures compute seconds per step on this machine (fit's own train step on one cached batch; the
     weights and optimizer state are put back) and the gradient bytes, then applies the ring-allreduce and
-    parameter-server models of `kfast.scaling` for the given link.
+    parameter-server models of `kfast.planning.cost_model` for the given link.
 
     Args:
         model: a compiled Keras model (its loss decides the backward pass).
@@ -206,7 +207,7 @@ def plan(model, dataset=None, *, ranks=None, bandwidth=None, latency=None, compr
     >>> p.parameters, p.gradient_bytes, [r["ranks"] for r in p.rows]
     (273418, 1093672, [1, 8])
     """
-    from kfast import measure
+    from kfast.diagnosis import measure
 
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ValueError("kfast.plan needs a compiled model: call model.compile(optimizer, loss) first.")
@@ -216,12 +217,12 @@ def plan(model, dataset=None, *, ranks=None, bandwidth=None, latency=None, compr
     check_int("kfast.plan", "batch_size", batch_size)
     check_int("kfast.plan", "steps", steps)
     check_number("kfast.plan", "threshold", threshold, above=0, below=1)
-    ranks = sorted(set(ranks or scaling.ranks_up_to(1024)))
+    ranks = sorted(set(ranks or doublings(1024)))
     for n in ranks:
         check_int("kfast.plan", "ranks", n, hint="each a number of ranks >= 1")
     given = bandwidth is not None or latency is not None
-    bandwidth = scaling.parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else (bandwidth or 1.25e9)
-    latency = scaling.parse_latency(latency) if isinstance(latency, str) else (20e-6 if latency is None else latency)
+    bandwidth = cost_model.parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else (bandwidth or 1.25e9)
+    latency = cost_model.parse_latency(latency) if isinstance(latency, str) else (20e-6 if latency is None else latency)
     check_number("kfast.plan", "bandwidth", bandwidth, above=0, unit="bytes per second")
     check_number("kfast.plan", "latency", latency, least=0, unit="seconds")
     optimizer = model.optimizer

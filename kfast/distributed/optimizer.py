@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from kfast.checks import check_int
+from kfast._core.checks import check_int
 from kfast.distributed import _horovod as distributed
 
 _COMPRESSIONS = (None, "fp16")
@@ -111,7 +111,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         ops.cond(ops.equal(self._pass, self.backward_passes_per_step), apply_accumulated, lambda: None)
 
     # Saved state is the wrapped optimizer's own, in its own layout, so a checkpoint restores into a plain
-    # optimizer of that class (see kfast.checkpoint). Gradient sums in flight are not saved.
+    # optimizer of that class (see kfast.distributed.checkpoint). Gradient sums in flight are not saved.
     def save_own_variables(self, store):
         self.inner_optimizer.save_own_variables(store)
 

@@ -18,7 +18,7 @@ def print_msg(message):
 
     Example:
 
-    >>> from kfast.messages import print_msg
+    >>> from kfast._core.messages import print_msg
     >>> print_msg("kfast: hello")
     kfast: hello
     """

@@ -2,9 +2,10 @@
 
 import json
 import math
-import os
 
 import numpy as np
+
+from kfast._core.cpus import usable_cpus
 
 INPUT_BOUND = "input-bound"
 COMPUTE_BOUND = "compute-bound"
@@ -51,7 +52,7 @@ class Diagnosis:
             self.verdict = COMPUTE_BOUND
         else:
             self.verdict = BALANCED
-        self.recommendations = self._recommend(t_in, t_comp, data_kind, workers, len(os.sched_getaffinity(0)))
+        self.recommendations = self._recommend(t_in, t_comp, data_kind, workers, usable_cpus())
 
     def _recommend(self, t_in, t_comp, data_kind, workers, cpus):
         b = self.batch_size
@@ -155,7 +156,7 @@ class Diagnosis:
         Returns:
             `path`.
         """
-        from kfast import diagnosis_plot
+        from kfast.diagnosis import plot
 
-        diagnosis_plot.draw(self, path)
+        plot.draw(self, path)
         return path
