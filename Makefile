@@ -1,5 +1,6 @@
 # Two commands do everything (see README): `make demo` and `make test`.
 # Each one creates or refreshes .venv first; a second run skips the setup when nothing changed.
+# `make docs` builds the documentation site (mkdocs.yml, docs/) into site/.
 
 VENV := .venv
 STAMP := $(VENV)/.kfast-setup-done
@@ -12,7 +13,7 @@ BACKEND_TESTS := tests/test_backends.py tests/data/test_loader.py tests/data/tes
 	tests/test_diagnose.py tests/test_tune.py tests/callbacks/test_monitors.py tests/test_gpu_check.py \
 	tests/data/test_fill.py
 
-.PHONY: demo test setup multihost-setup gpu-build-check backend-setup test-backends clean
+.PHONY: demo test docs setup multihost-setup gpu-build-check backend-setup test-backends clean
 
 setup: $(STAMP)
 
@@ -22,6 +23,12 @@ $(STAMP): $(SETUP_INPUTS)
 
 demo: $(STAMP)
 	bash scripts/demo.sh
+
+# The documentation site: guides in docs/, the API reference from the docstrings (mkdocstrings).
+# NO_MKDOCS_2_WARNING silences Material's banner about MkDocs 2, printed on every build.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build
 
 # OpenSSH's server for the multi-host tests (tests/multihost/), never started as a service; returns at
 # once when it is installed, and only says why it skips when not root.
@@ -45,9 +52,11 @@ test-backends: $(BACKEND_STAMPS)
 	KERAS_BACKEND=jax .venv-jax/bin/pytest $(BACKEND_TESTS)
 	KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest $(BACKEND_TESTS)
 
+# The docs build first, with --strict: a broken link, a missing page or an API name that does not resolve fails.
 test: $(STAMP) multihost-setup gpu-build-check backend-setup
+	$(MKDOCS) build --strict
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-backends
 
 clean:
-	rm -rf $(VENV) $(GPU_VENV) .venv-jax .venv-torch build *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) .venv-jax .venv-torch build site *.egg-info

@@ -1,6 +1,9 @@
 """BroadcastState: every rank starts from rank 0's weights and optimizer state."""
 
+from __future__ import annotations
+
 import warnings
+from typing import Any
 
 import keras
 
@@ -32,13 +35,13 @@ class BroadcastState(keras.callbacks.Callback):
     1
     """
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank: int = 0) -> None:
         super().__init__()
         check_int("BroadcastState", "root_rank", root_rank, least=0, hint="a rank")
         self.root_rank = root_rank
         self._warned = False
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if distributed.size() == 1:
             return
         if self.model.jit_compile:
@@ -55,14 +58,14 @@ class BroadcastState(keras.callbacks.Callback):
         if not self._pending:
             self._broadcast()
 
-    def _broadcast(self):
+    def _broadcast(self) -> None:
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         state = list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
         distributed.broadcast_variables(state, root_rank=self.root_rank)
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if getattr(self, "_pending", False):
             self._pending = False
             self._broadcast()

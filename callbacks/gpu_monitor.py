@@ -1,7 +1,6 @@
 """GPUMonitor: how busy the GPU was during each epoch, in `logs`."""
 
 import math
-import threading
 import time
 import warnings
 
@@ -56,7 +55,7 @@ class GPUMonitor(keras.callbacks.Callback):
         self._warned = False
 
     def on_train_begin(self, logs=None):
-        callback_order.run_first(self)
+        lists = callback_order.run_first(self)
         sampler = self._sampler
         if sampler is None:
             try:
@@ -67,7 +66,9 @@ class GPUMonitor(keras.callbacks.Callback):
                     self._warned = True
                 return
         self._read = sampler
-        self._thread = gpu_sampling.GpuSampler(sampler, self.interval, owner_thread=threading.get_ident()).start()
+        # Sampling ends with the fit that started it, also one that raised (and so never calls on_train_end).
+        alive = (lambda: any(ref() is not None for ref in lists)) if lists else None
+        self._thread = gpu_sampling.GpuSampler(sampler, self.interval, alive=alive).start()
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._thread is not None:

@@ -1,5 +1,8 @@
 """LearningRateWarmup: the linear scaling rule with gradual warm-up (Goyal et al., 2017)."""
 
+from __future__ import annotations
+
+from typing import Any
 
 import keras
 from kfast._core.checks import check_number
@@ -48,7 +51,8 @@ class LearningRateWarmup(keras.callbacks.Callback):
     (0.25, 0.4)
     """
 
-    def __init__(self, initial_lr=None, warmup_epochs=5, multiplier=None, steps_per_epoch=None, verbose=0):
+    def __init__(self, initial_lr: float | None = None, warmup_epochs: float = 5, multiplier: float | None = None,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
         super().__init__()
         check_number("LearningRateWarmup", "warmup_epochs", warmup_epochs, least=0, unit="epochs")
         check_number("LearningRateWarmup", "initial_lr", initial_lr, above=0,
@@ -60,7 +64,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         self.steps_per_epoch = steps_per_epoch
         self.verbose = verbose
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         optimizer = self.model.optimizer
         inner = getattr(optimizer, "inner_optimizer", optimizer)
         if isinstance(getattr(inner, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
@@ -84,28 +88,28 @@ class LearningRateWarmup(keras.callbacks.Callback):
             raise ValueError("LearningRateWarmup needs the number of batches per epoch; pass steps_per_epoch=.")
         self._epoch = 0
 
-    def rate_at(self, epoch, batch):
+    def rate_at(self, epoch: int, batch: int) -> float:
         """The learning rate for `batch` of `epoch` (both from 0)."""
         if self.warmup_epochs == 0:
             return self._base * self._multiplier
         progress = min(1.0, (epoch + (batch + 1) / self._steps) / self.warmup_epochs)
         return self._base * (1 + progress * (self._multiplier - 1))
 
-    def _in_warmup(self, epoch):
+    def _in_warmup(self, epoch: int) -> bool:
         return epoch < self.warmup_epochs
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         if not self._in_warmup(epoch):
             # Once per epoch after the warm-up: also right after a resume, and from the start when warmup_epochs=0.
             self.model.optimizer.learning_rate = self.rate_at(epoch, 0)
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Per batch on purpose: a per-epoch jump of N x is what the gradual warm-up exists to avoid.
         if self._in_warmup(self._epoch):
             self.model.optimizer.learning_rate = self.rate_at(self._epoch, batch)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
         if logs is not None:
             logs["learning_rate"] = lr

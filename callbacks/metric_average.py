@@ -1,5 +1,9 @@
 """MetricAverage: epoch logs hold the mean over all ranks, not rank 0's own numbers."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 import numpy as np
 
@@ -26,7 +30,7 @@ class MetricAverage(keras.callbacks.Callback):
     'epoch,loss,val_loss'
     """
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None or distributed.size() == 1:
             return
         names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))

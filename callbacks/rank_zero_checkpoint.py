@@ -1,9 +1,13 @@
 """RankZeroCheckpoint: checkpoints written once, by rank 0, atomically, with a best model that survives resumes."""
 
+from __future__ import annotations
+
 import math
 import os
 import tempfile
 import warnings
+from typing import Any
+from typing import cast
 
 import keras
 from kfast._core.checks import check_int, check_number
@@ -15,7 +19,7 @@ from kfast.distributed import _horovod as distributed
 _STATE_KEY = "best"
 
 
-def metric_direction(model, monitor):
+def metric_direction(model: keras.Model, monitor: str) -> str | None:
     """Returns "min" or "max" for `monitor` as Keras resolves it: loss is minimised, a compiled metric goes
     the way it declares (accuracy, precision, recall, AUC, F1 up; errors down), or None when unknown."""
     name = monitor.removeprefix("val_")
@@ -63,7 +67,14 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
     ['best.keras', 'epoch-0001.keras', 'epoch-0002.keras']
     """
 
-    def __init__(self, directory, monitor="val_loss", mode="auto", keep=3, verbose=0, initial_value_threshold=None):
+    # Per-run state, set in on_train_begin.
+    _mode: str | None
+    _best: float | None
+    _resolved: bool
+    _warned_missing: bool
+
+    def __init__(self, directory: str | os.PathLike[str], monitor: str | None = "val_loss", mode: str = "auto",
+                 keep: int = 3, verbose: int = 0, initial_value_threshold: float | None = None) -> None:
         super().__init__()
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"RankZeroCheckpoint got mode={mode!r}; use 'auto', 'min' or 'max'.")
@@ -73,7 +84,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self.directory, self.monitor, self.mode, self.keep, self.verbose = directory, monitor, mode, keep, verbose
         self.initial_value_threshold = initial_value_threshold
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._warned_missing = False
         problem = self._check_writable() if distributed.is_chief() else None
         # All ranks raise together: a rank left alone would wait in the first collective for ever.
@@ -84,10 +95,11 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self._best, self._resolved = None, False
         self._resolve(required=False)
 
-    def _resolve(self, required):
+    def _resolve(self, required: bool) -> None:
         """Settles the direction (compiled metrics may be built only by the first step) and the best so far."""
         if self._mode is None:
-            self._mode = metric_direction(self.model, self.monitor)
+            # on_train_begin leaves the direction open only for mode="auto" with a monitor.
+            self._mode = metric_direction(self.model, cast(str, self.monitor))
             if self._mode is None:
                 if not required:
                     return
@@ -102,7 +114,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self._save_best_state()
         self._resolved = True
 
-    def _check_writable(self):
+    def _check_writable(self) -> str | None:
         try:
             os.makedirs(self.directory, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".write-check-"):
@@ -116,17 +128,17 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
                     "rank 0 can write (checked before training, so no epoch is lost).")
         return None
 
-    def _save_best_state(self):
+    def _save_best_state(self) -> None:
         value = None if self._best is None else float(self._best)
         checkpoint.training_state(self.model)[_STATE_KEY] = {"monitor": self.monitor, "mode": self._mode,
                                                              "value": value}
 
-    def _improved(self, value):
+    def _improved(self, value: float) -> bool:
         if self._best is None:
             return True
         return value < self._best if self._mode == "min" else value > self._best
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not getattr(self, "_resolved", False):
             self._resolve(required=True)
         value = (logs or {}).get(self.monitor) if self.monitor else None
@@ -137,7 +149,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
                               f"(they hold {sorted(logs or {})}); best.keras is not written. Pass validation "
                               "data or another monitor=.", stacklevel=2)
         best_now = value is not None and math.isfinite(value) and self._improved(value)
-        if best_now:
+        if best_now and value is not None:  # best_now implies a value; this says so to the type checker
             self._best = float(value)
             self._save_best_state()
         if not distributed.is_chief():

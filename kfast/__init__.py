@@ -6,6 +6,7 @@ processes, the command line and `kfast doctor` import Keras and TensorFlow only 
 
 import importlib
 from typing import TYPE_CHECKING
+from typing import Any
 
 from kfast._version import __version__
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers read
     from kfast.tuning import TuneResult, tune  # noqa: F401
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module 'kfast' has no attribute {name!r}")
     home = _HOMES[name]
@@ -33,5 +34,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))

@@ -6,7 +6,11 @@ normal (CPU CI, laptops): every entry point raises `NvmlUnavailable` with a reas
 never a raw NVML error.
 """
 
+from __future__ import annotations
+
 import threading
+from types import ModuleType
+from typing import Any
 
 _lock = threading.Lock()
 _initialised = False
@@ -16,7 +20,7 @@ class NvmlUnavailable(RuntimeError):
     """NVML cannot be used here; the message says why and what to do."""
 
 
-def _pynvml():
+def _pynvml() -> ModuleType:
     try:
         import pynvml
     except ImportError as e:
@@ -26,7 +30,7 @@ def _pynvml():
     return pynvml
 
 
-def _init():
+def _init() -> ModuleType:
     """Initialise NVML once per process and return the module."""
     global _initialised
     pynvml = _pynvml()
@@ -51,11 +55,11 @@ def _init():
     return pynvml
 
 
-def _text(value):
+def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def driver_version():
+def driver_version() -> str:
     """Returns the NVIDIA driver version string.
 
     Raises:
@@ -65,7 +69,7 @@ def driver_version():
     return _text(pynvml.nvmlSystemGetDriverVersion())
 
 
-def list_gpus():
+def list_gpus() -> list[dict[str, Any]]:
     """Describes every GPU NVML can see.
 
     Returns:
@@ -83,7 +87,7 @@ def list_gpus():
     ...     print(gpu["index"], gpu["name"], gpu["utilization_percent"])
     """
     pynvml = _init()
-    gpus = []
+    gpus: list[dict[str, Any]] = []
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -116,7 +120,7 @@ class Sampler:
     >>> utilization_percent, memory_used_bytes = sample()  # doctest: +SKIP
     """
 
-    def __init__(self, index=0):
+    def __init__(self, index: int = 0) -> None:
         pynvml = _init()
         count = pynvml.nvmlDeviceGetCount()
         if not 0 <= index < count:
@@ -127,7 +131,7 @@ class Sampler:
         self._pynvml = pynvml
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
 
-    def __call__(self):
+    def __call__(self) -> tuple[float, int]:
         utilization = self._pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
         memory = self._pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
         return float(utilization), int(memory)

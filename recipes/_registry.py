@@ -1,6 +1,9 @@
 """The recipes by name: each is one module with `SUMMARY`, `add_arguments(parser)` and `build(args)`."""
 
+from __future__ import annotations
+
 import importlib
+from types import ModuleType
 
 _MODULES = {
     "image-classification": "kfast.recipes.image_classification",
@@ -9,12 +12,12 @@ _MODULES = {
 }
 
 
-def names():
+def names() -> list[str]:
     """Returns the recipe names, sorted."""
     return sorted(_MODULES)
 
 
-def get(name):
+def get(name: str) -> ModuleType:
     """Returns the recipe module called `name`.
 
     Raises:

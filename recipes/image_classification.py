@@ -7,23 +7,35 @@
     horovodrun -np 2 python recipes/image_classification.py --epochs 3
 """
 
+from __future__ import annotations
+
 import itertools
 import os
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+from typing import Any
 
 import keras
 import numpy as np
+
+if TYPE_CHECKING:
+    import argparse
+
+    from PIL.Image import Image as PILImage
+
+    from kfast.recipes._common import Recipe
 
 SUMMARY = "ResNet-style CNN on an image folder (one sub-folder per class) or synthetic images"
 _EXTENSIONS = (".png", ".jpg", ".jpeg")
 # Folders up to this size are fully decoded when indexed; larger ones only have their headers read, so a
 # file broken past its header fails (naming its path) in a loader worker instead.
 _DECODE_CHECK_BYTES = 256 * 2**20
-_reported_bad = set()  # unreadable files this process has reported already
+_reported_bad: set[str] = set()  # unreadable files this process has reported already
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kfast.recipes._common import add_common_arguments
 
     add_common_arguments(parser, epochs=3, batch_size=32, lr=1e-3)
@@ -34,7 +46,7 @@ def add_arguments(parser):
                         help="skip images that cannot be decoded (and say how many) instead of stopping")
 
 
-def synthetic_image(label, classes, size, rng):
+def synthetic_image(label: int, classes: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """A learnable image: a bright square whose position encodes the class, on noise."""
     image = rng.integers(0, 60, size=(size, size, 3), dtype=np.uint8)
     cell = size // 2
@@ -46,14 +58,14 @@ def synthetic_image(label, classes, size, rng):
 class SyntheticImages(keras.utils.PyDataset):
     """`samples` generated images in batches; image i is a pure function of (seed, i)."""
 
-    def __init__(self, samples, batch_size, size, classes, seed=0, **kwargs):
+    def __init__(self, samples: int, batch_size: int, size: int, classes: int, seed: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.samples, self.batch_size, self.size, self.classes, self.seed = samples, batch_size, size, classes, seed
 
-    def __len__(self):
+    def __len__(self) -> int:
         return -(-self.samples // self.batch_size)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         ids = range(index * self.batch_size, min(self.samples, (index + 1) * self.batch_size))
         labels = np.array([i % self.classes for i in ids], dtype="int32")
         images = np.stack([synthetic_image(label, self.classes, self.size, np.random.default_rng([self.seed, i]))
@@ -61,7 +73,7 @@ class SyntheticImages(keras.utils.PyDataset):
         return images, labels
 
 
-def to_rgb(img, path):
+def to_rgb(img: PILImage, path: str) -> PILImage:
     """Returns PIL image `img` (read from `path`) as 8-bit RGB, scaling deeper pixels rather than clipping them.
 
     Integer images of 16 bits or more (modes `I;16`, which 16-bit grayscale PNGs open as, and `I`) map
@@ -87,12 +99,12 @@ def to_rgb(img, path):
     return img.convert("RGB")
 
 
-def _class_names(root):
+def _class_names(root: str) -> list[str]:
     # Hidden folders (.ipynb_checkpoints, .DS_Store's kin) are not classes.
     return sorted(d for d in os.listdir(root) if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
 
 
-def _problem(path, decode):
+def _problem(path: str, decode: bool) -> str | None:
     """Why the image at `path` cannot be used (None if it can): its header only, or a full decode."""
     from PIL import Image
 
@@ -106,7 +118,7 @@ def _problem(path, decode):
     return None
 
 
-def index_images(root, skip_bad_files=False):
+def index_images(root: str, skip_bad_files: bool = False) -> tuple[list[str], list[tuple[str, int]], list[str]]:
     """Lists and checks the images under `root/<class>/`.
 
     Folders up to 256 MiB are decoded in full (in threads), larger ones have every header read, so that a
@@ -157,7 +169,8 @@ class ImageFolder(keras.utils.PyDataset):
         skipped: the unreadable paths left out (with `skip_bad_files`).
     """
 
-    def __init__(self, root, batch_size, size, augment=False, seed=0, files=None, skip_bad_files=False, **kwargs):
+    def __init__(self, root: str, batch_size: int, size: int, augment: bool = False, seed: int = 0,
+                 files: list[tuple[str, int]] | None = None, skip_bad_files: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if files is None:
             self.classes, files, self.skipped = index_images(root, skip_bad_files)
@@ -169,20 +182,20 @@ class ImageFolder(keras.utils.PyDataset):
         self.root, self.batch_size, self.size, self.augment, self.seed = root, batch_size, size, augment, seed
         self.set_epoch(0)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.order = np.random.default_rng([self.seed, epoch]).permutation(len(self.files))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return -(-len(self.files) // self.batch_size)
 
-    def _decode(self, path):
+    def _decode(self, path: str) -> np.ndarray:
         from PIL import Image
 
         with Image.open(path) as img:
             return np.asarray(to_rgb(img, path).resize((self.size, self.size)), dtype=np.uint8)
 
-    def _load(self, i, rng):
+    def _load(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """File i (or, with skip_bad_files, the next one that decodes), decoded and augmented, and its label."""
         for step in range(len(self.files)):
             path, label = self.files[(i + step) % len(self.files)]
@@ -209,14 +222,14 @@ class ImageFolder(keras.utils.PyDataset):
             image = padded[top:top + self.size, left:left + self.size]
         return image, label
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         picks = self.order[index * self.batch_size:(index + 1) * self.batch_size]
         rng = np.random.default_rng([self.seed, self.epoch, index])
         images, labels = zip(*(self._load(i, rng) for i in picks))
         return np.stack(images), np.array(labels, dtype="int32")
 
 
-def write_sample(directory, classes=4, per_class=24, size=32, seed=0):
+def write_sample(directory: str, classes: int = 4, per_class: int = 24, size: int = 32, seed: int = 0) -> str:
     """Writes `per_class` PNG images for each of `classes` classes under directory/<class>/."""
     from PIL import Image
 
@@ -228,10 +241,10 @@ def write_sample(directory, classes=4, per_class=24, size=32, seed=0):
     return directory
 
 
-def model(size, classes):
+def model(size: int, classes: int) -> keras.Model:
     """A small ResNet: conv stem, two residual stages, global pooling."""
 
-    def block(x, filters, stride):
+    def block(x: Any, filters: int, stride: int) -> Any:
         shortcut = x
         y = keras.layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
         y = keras.layers.BatchNormalization(momentum=0.9)(y)
@@ -251,7 +264,7 @@ def model(size, classes):
     return keras.Model(inputs, keras.layers.Dense(classes)(x), name="small_resnet")
 
 
-def build(args):
+def build(args: argparse.Namespace) -> Recipe:
     from kfast import distributed
     from kfast.recipes import _common
 
@@ -276,7 +289,7 @@ def build(args):
     return _common.assemble(model(args.image_size, classes), train, val, args)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     from kfast.recipes._common import run
 
     run("image-classification", argv)

@@ -6,17 +6,28 @@
     kfast train tabular --data data.npz              # arrays `x` (samples, features) and `y` (int labels)
 """
 
+from __future__ import annotations
+
 import itertools
 import os
 import sys
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
 
+if TYPE_CHECKING:
+    import argparse
+
+    from kfast.recipes._common import Recipe
+
 SUMMARY = "MLP classifier on a CSV (label in the last column) or .npz file (x, y), or synthetic data"
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kfast.recipes._common import add_common_arguments
 
     add_common_arguments(parser, epochs=5, batch_size=64, lr=3e-3)
@@ -24,7 +35,7 @@ def add_arguments(parser):
     parser.add_argument("--samples", type=int, default=4096, help="synthetic samples (default 4096)")
 
 
-def synthetic(samples, features, seed=0):
+def synthetic(samples: int, features: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A learnable task: the label says which of 3 random directions the sample leans along most."""
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(samples, features)).astype("float32")
@@ -32,7 +43,7 @@ def synthetic(samples, features, seed=0):
     return x, np.argmax(x @ directions, axis=1).astype("int32")
 
 
-def read(path):
+def read(path: str) -> tuple[np.ndarray, np.ndarray]:
     """Returns `(x, y)` from a .npz with `x` and `y`, or a CSV with a header and the label last.
 
     Raises:
@@ -47,7 +58,7 @@ def read(path):
 _LINE = "line {} (counting from 1, the header being line 1)"
 
 
-def _data_lines(path):
+def _data_lines(path: str) -> Iterator[tuple[int, list[str]]]:
     """Yields `(line number, cells)` for each row np.loadtxt reads from a CSV: not the header, blank or comment."""
     with open(path, encoding="utf-8", errors="replace") as f:
         next(f, None)
@@ -57,25 +68,25 @@ def _data_lines(path):
                 yield number, line.split(",")
 
 
-def _column(header, c):
+def _column(header: Sequence[str], c: int) -> str:
     return f"column {c + 1} ({header[c]!r})" if c < len(header) else f"column {c + 1}"
 
 
-def _cell(path, header, row, c):
+def _cell(path: str, header: Sequence[str], row: int, c: int) -> str:
     """Names the cell in column c of data row `row` (0-based, as np.loadtxt counts) as the user sees it."""
     line, cells = next(itertools.islice(_data_lines(path), row, None))
     c %= len(cells)
     return f"{path}, {_LINE.format(line)}, {_column(header, c)}: got {cells[c].strip()!r}"
 
 
-def _read_csv(path):
+def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
     with open(path, encoding="utf-8", errors="replace") as f:
         header = [name.strip() for name in f.readline().split(",")]
     try:
         table = np.loadtxt(path, delimiter=",", skiprows=1, dtype="float32", ndmin=2)
     except ValueError as e:
         # numpy counts rows its own way: find the line and column as the user sees them.
-        width = None
+        width: int | None = None
         for line, cells in _data_lines(path):
             width = width or len(cells)
             if len(cells) != width:
@@ -100,7 +111,7 @@ def _read_csv(path):
     return table[:, :-1], table[:, -1]
 
 
-def _read_npz(path):
+def _read_npz(path: str) -> tuple[np.ndarray, np.ndarray]:
     with np.load(path) as f:
         if "x" not in f or "y" not in f:
             raise ValueError(f"{path} must hold arrays named 'x' and 'y'; it holds {sorted(f.files)}.")
@@ -119,7 +130,7 @@ def _read_npz(path):
     return x.astype("float32"), y
 
 
-def _check_labels(path, y, where):
+def _check_labels(path: str, y: np.ndarray, where: Callable[[int], str]) -> None:
     """Raises unless `y` holds class ids (whole numbers >= 0) of two classes or more; `where(i)` names label i."""
     bad = np.flatnonzero((y != np.round(y)) | (y < 0))
     if len(bad):
@@ -132,7 +143,7 @@ def _check_labels(path, y, where):
                          f"(.npz).")
 
 
-def write_sample(path, samples=512, features=8, seed=0):
+def write_sample(path: str, samples: int = 512, features: int = 8, seed: int = 0) -> str:
     """Writes a small CSV: `features` columns f0..fN and a `label` column."""
     x, y = synthetic(samples, features, seed)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -141,7 +152,7 @@ def write_sample(path, samples=512, features=8, seed=0):
     return path
 
 
-def build(args):
+def build(args: argparse.Namespace) -> Recipe:
     from kfast.recipes import _common
 
     x, y = read(args.data) if args.data else synthetic(args.samples, args.features, args.seed)
@@ -156,7 +167,7 @@ def build(args):
     return _common.assemble(net, train, val, args)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     from kfast.recipes._common import run
 
     run("tabular", argv)

@@ -5,18 +5,27 @@
     kfast train text-classification --data texts         # one <class>.txt per class, one document per line
 """
 
+from __future__ import annotations
+
 import os
 import sys
 import zlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
+
+if TYPE_CHECKING:
+    import argparse
+
+    from kfast.recipes._common import Recipe
 
 SUMMARY = "embedding + pooling classifier on <class>.txt files (one document per line), or synthetic text"
 _WORDS = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kfast.recipes._common import add_common_arguments
 
     add_common_arguments(parser, epochs=4, batch_size=32, lr=3e-3)
@@ -25,16 +34,17 @@ def add_arguments(parser):
     parser.add_argument("--samples", type=int, default=2048, help="synthetic documents (default 2048)")
 
 
-def tokenize(text, vocab, length):
+def tokenize(text: str, vocab: int, length: int) -> list[int]:
     """Lower-cased words hashed into [1, vocab) (0 pads), truncated or padded to `length`."""
     ids = [1 + zlib.crc32(w.encode()) % (vocab - 1) for w in text.lower().split()][:length]
     return ids + [0] * (length - len(ids))
 
 
-def synthetic_docs(samples, seed=0, classes=3):
+def synthetic_docs(samples: int, seed: int = 0, classes: int = 3) -> tuple[list[str], list[int]]:
     """Documents of common words plus one class word repeated: learnable by word counts."""
     rng = np.random.default_rng(seed)
-    docs, labels = [], []
+    docs: list[str] = []
+    labels: list[int] = []
     for i in range(samples):
         label = i % classes
         words = list(rng.choice(_WORDS[classes:], size=12)) + [_WORDS[label]] * 3
@@ -44,7 +54,7 @@ def synthetic_docs(samples, seed=0, classes=3):
     return docs, labels
 
 
-def read(directory):
+def read(directory: str) -> tuple[list[str], list[int], list[str]]:
     """Returns `(documents, labels, class_names)` from directory/<class>.txt files.
 
     Raises:
@@ -54,7 +64,8 @@ def read(directory):
     names = sorted(f[:-4] for f in os.listdir(directory) if f.endswith(".txt"))
     if len(names) < 2:
         raise ValueError(f"{directory!r} needs at least two <class>.txt files (one document per line); found {len(names)}.")
-    docs, labels = [], []
+    docs: list[str] = []
+    labels: list[int] = []
     for label, name in enumerate(names):
         path = os.path.join(directory, f"{name}.txt")
         try:
@@ -70,7 +81,7 @@ def read(directory):
     return docs, labels, names
 
 
-def _not_utf8(path):
+def _not_utf8(path: str) -> ValueError:
     # A text file's decoding error gives an offset into one buffered chunk: decode the whole file for the
     # offset a hex editor would show.
     with open(path, "rb") as f:
@@ -86,7 +97,7 @@ def _not_utf8(path):
     return ValueError(f"{path} is not valid UTF-8; re-encode it as UTF-8, then train again.")
 
 
-def write_sample(directory, per_class=100, seed=0):
+def write_sample(directory: str, per_class: int = 100, seed: int = 0) -> str:
     """Writes directory/<class>.txt for three classes of synthetic documents."""
     docs, labels = synthetic_docs(3 * per_class, seed)
     os.makedirs(directory, exist_ok=True)
@@ -96,7 +107,7 @@ def write_sample(directory, per_class=100, seed=0):
     return directory
 
 
-def build(args):
+def build(args: argparse.Namespace) -> Recipe:
     from kfast.recipes import _common
 
     if args.data:
@@ -113,7 +124,7 @@ def build(args):
     return _common.assemble(net, train, val, args)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     from kfast.recipes._common import run
 
     run("text-classification", argv)

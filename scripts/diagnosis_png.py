@@ -1,4 +1,4 @@
-"""Draws docs/diagnosis.png, the diagnosis picture in README.md.
+"""Draws docs/diagnosis.png, the diagnosis picture in README.md and docs/diagnosis.md.
 
 A small classifier fed by a plain `keras.utils.PyDataset` whose `__getitem__` costs 10 ms a batch (a sleep
 standing in for decoding and augmenting images), diagnosed on CPU: the input-bound case `kfast.diagnose`

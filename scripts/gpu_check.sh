@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kfast's GPU check: one NVIDIA GPU, Keras on JAX (or PyTorch), no TensorFlow, no package registry.
-# What it runs and prints: scripts/gpu_check.py. README, "GPU check", says how to carry it to a GPU machine.
+# What it runs and prints: scripts/gpu_check.py. docs/gpu.md, "GPU check", says how to carry it to a GPU machine.
 #
 # Usage: scripts/gpu_check.sh              the check, stopped after GPU_CHECK_TIMEOUT s (exit status 1: a check failed)
 #        scripts/gpu_check.sh --dry-run    the same flow on CPU, tiny sizes, a scripted GPU sampler (make test runs it)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or update .venv-jax or .venv-torch: kfast on Keras's JAX or PyTorch backend, CPU builds, and no
-# TensorFlow, for the backend tests `make test` runs there (see README, "Every Keras backend").
+# TensorFlow, for the backend tests `make test` runs there (see docs/backends.md).
 #
 # Usage: scripts/setup_backend_env.sh jax|torch     (the Makefile calls it when the venv is missing or stale)
 # Env:   PYTHON=python3.11  the interpreter for a new venv

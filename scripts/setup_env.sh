@@ -18,7 +18,8 @@ gpu=${KFAST_GPU:-}
 if [[ -z "$gpu" ]]; then
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then gpu=1; else gpu=0; fi
 fi
-if [[ "$gpu" == 1 ]]; then extras="gpu,test"; hvd_flag=--gpu; else extras="cpu,test"; hvd_flag=; fi
+# `docs`: MkDocs and mkdocstrings, for `make docs` and the --strict docs build in `make test`.
+if [[ "$gpu" == 1 ]]; then extras="gpu,test,docs"; hvd_flag=--gpu; else extras="cpu,test,docs"; hvd_flag=; fi
 
 echo "Installing kfast[$extras] (pinned by constraints.txt)"
 "$py" -m pip install -q --upgrade "pip>=24" "setuptools>=69" wheel

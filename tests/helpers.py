@@ -88,13 +88,81 @@ class MyDataset(keras.utils.PyDataset):
 '''
 
 
-def readme_snippet(heading):
-    """The first python block of README.md's section `heading`, exactly as users read it."""
-    with open(os.path.join(REPO, "README.md")) as f:
-        section = f.read().split(f"\n## {heading}\n", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+# What a user has before a documentation snippet (README's quick start, a guide's block): a compiled model and a
+# dataset (a keras.utils.PyDataset), seeded, small enough to train in seconds.
+DOCS_PRELUDE = '''
+import keras
+import numpy as np
+import kfast
+
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(0)
+dataset = kfast.data.ArrayDataset(rng.normal(size=(256, 8)).astype("float32"),
+                                  rng.integers(0, 3, 256), batch_size=32)
+my_pydataset = dataset
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+'''
+
+_FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,})(?P<info>[^`]*)$")
+_HEADING = re.compile(r"^(#{1,6}) (.+?)\s*$")
+_ATTR = re.compile(r'(\w[\w-]*)="([^"]*)"')
+
+
+def markdown_pages():
+    """README.md and every page of the docs site (docs/**/*.md), as paths relative to the repository."""
+    pages = ["README.md"]
+    for root, _, files in os.walk(os.path.join(REPO, "docs")):
+        pages += [os.path.relpath(os.path.join(root, f), REPO) for f in files if f.endswith(".md")]
+    return sorted(pages)
+
+
+def code_blocks(text):
+    """The fenced code blocks of a Markdown text, outermost fences only (a block shown inside a longer
+    fence is that fence's content, not a block).
+
+    Returns:
+        Dicts with `line` (of the opening fence, from 1), `lang`, `attrs` (the `key="value"` pairs after the
+        language, such as `test="skip: ..."`), `code`, and `headings`: the section titles above the block,
+        outermost first.
+    """
+    blocks, headings, current = [], [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        fence = _FENCE.match(line)
+        if current is not None:
+            if fence and len(fence["fence"]) >= len(current["fence"]) and not fence["info"].strip():
+                blocks.append({key: current[key] for key in ("line", "lang", "attrs", "headings")}
+                              | {"code": "".join(current["lines"])})
+                current = None
+            else:
+                current["lines"].append(line[len(current["indent"]):] + "\n")
+        elif fence:
+            info = fence["info"].strip()
+            current = {"line": number, "fence": fence["fence"], "indent": fence["indent"], "lines": [],
+                       "lang": info.split()[0] if info else "", "attrs": dict(_ATTR.findall(info)),
+                       "headings": [title for _, title in headings]}
+        elif heading := _HEADING.match(line):
+            level = len(heading[1])
+            headings = [(lvl, title) for lvl, title in headings if lvl < level] + [(level, heading[2])]
+    return blocks
+
+
+def doc_snippet(heading):
+    """The first python block of the section titled `heading` (at any level), in README.md or a docs page,
+    exactly as users read it. Exactly one page may have a python block under that title."""
+    found = []
+    for page in markdown_pages():
+        with open(os.path.join(REPO, page)) as f:
+            blocks = [b for b in code_blocks(f.read()) if b["lang"] == "python" and heading in b["headings"]]
+        if blocks:
+            found.append((page, blocks[0]["code"]))
+    assert len(found) == 1, f"python blocks under the heading {heading!r}: {[page for page, _ in found]}"
+    return found[0][1]
+
+
+readme_snippet = doc_snippet  # the name the tests written before docs/ existed use
 
 
 def readme_scale_out_snippet():
-    """The first python block of README.md's "Scale out" section."""
-    return readme_snippet("Scale out: Horovod on Keras 3")
+    """The first python block of the "Scale out" guide (docs/scale-out.md)."""
+    return doc_snippet("Scale out: Horovod on Keras 3")

@@ -119,7 +119,7 @@ def test_a_dataset_gives_the_batch():
 
 
 def test_bad_arguments_say_what_was_wrong():
-    with pytest.raises(ValueError, match="needs a compiled model"):
+    with pytest.raises(ValueError, match="which is not compiled; call model.compile"):
         kfast.plan(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
     with pytest.raises(ValueError, match=r"ranks=0"):
         kfast.plan(_model(), ranks=[0, 2])

@@ -9,6 +9,7 @@ import datasets
 import kfast
 import kfast.callbacks
 from helpers import REPO
+from kfast.data.settings import LoaderSettings
 from kfast.tuning import cache as tune_cache
 from kfast.tuning import search
 from kfast.data import FastLoader
@@ -77,7 +78,8 @@ def test_real_tuning_is_cached_and_a_corrupt_cache_is_ignored(tmp_path, monkeypa
     assert not result.from_cache and result.batches_per_s > 0
     assert {(t["workers"], t["use_multiprocessing"]) for t in result.trials} >= {(1, False), (2, False)}
     with open(tmp_path / "tune.json") as f:
-        assert len(json.load(f)) == 1
+        saved = json.load(f)
+    assert saved["version"] == tune_cache.VERSION and len(saved["entries"]) == 1
     again = kfast.tune(data, budget_s=6, max_workers=2)
     assert again.from_cache and again.settings == result.settings
     with result.loader(data) as loader:
@@ -110,6 +112,7 @@ def test_auto_tune_applies_settings_and_retunes_when_input_waits(monkeypatch):
     # One thread on a slow dataset (50 ms a batch, a tiny model) waits most of the epoch, so it re-tunes.
     assert seen == [False, True]
     assert loader.settings == {"workers": 3, "use_multiprocessing": False, "max_queue_size": 9}
+    assert loader.settings == LoaderSettings(workers=3, use_multiprocessing=False, max_queue_size=9)
     assert cb.changes[0]["after"]["workers"] == 1 and "waited" in cb.changes[1]["reason"]
 
 
@@ -189,15 +192,35 @@ def test_a_malformed_cache_entry_is_measured_again_and_overwritten(tmp_path, mon
     monkeypatch.setenv("KFAST_CACHE_DIR", str(tmp_path))
     data = quick_data()
     key = tune_cache.signature(data)
-    (tmp_path / "tune.json").write_text(json.dumps({key: entry, "other|key": _valid_entry()}))
+    _write_cache(tmp_path, {key: entry, "other|key": _valid_entry()})
     with pytest.warns(UserWarning, match=r"ignored a malformed entry in its tuning cache .*tune\.json") as w:
         result = kfast.tune(data, **QUICK)
     assert problem in str(w[0].message)
     assert not result.from_cache and result.workers == 1
     with open(tmp_path / "tune.json") as f:
         saved = json.load(f)
-    assert saved[key] == result.to_dict() and saved["other|key"] == _valid_entry()
+    assert saved["entries"][key] == result.to_dict() and saved["entries"]["other|key"] == _valid_entry()
     assert kfast.tune(data, **QUICK).from_cache  # the rewritten entry is trusted
+
+
+def _write_cache(folder, entries):
+    (folder / "tune.json").write_text(json.dumps({"version": tune_cache.VERSION, "entries": entries}))
+
+
+def test_a_cache_of_the_layout_before_versions_is_read_and_a_newer_one_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("KFAST_CACHE_DIR", str(tmp_path))
+    data = quick_data()
+    entry = _valid_entry()
+    (tmp_path / "tune.json").write_text(json.dumps({tune_cache.signature(data): entry}))  # no version: entries
+    cached = kfast.tune(data, **QUICK)
+    assert cached.from_cache and cached.settings == {k: entry[k] for k in ("workers", "use_multiprocessing",
+                                                                           "max_queue_size")}
+    (tmp_path / "tune.json").write_text(json.dumps({"version": tune_cache.VERSION + 1, "entries": {}}))
+    with pytest.warns(UserWarning, match=rf"format version {tune_cache.VERSION + 1}, and this kfast reads version 1"):
+        fresh = kfast.tune(data, **QUICK)
+    assert not fresh.from_cache
+    with open(tmp_path / "tune.json") as f:
+        assert json.load(f)["version"] == tune_cache.VERSION  # rewritten in this kfast's layout
 
 
 def test_a_cached_result_beyond_max_workers_is_measured_again(tmp_path, monkeypatch):
@@ -205,7 +228,7 @@ def test_a_cached_result_beyond_max_workers_is_measured_again(tmp_path, monkeypa
     data = quick_data()
     entry = {**_valid_entry(), "workers": 2, "max_queue_size": 4}
     entry["trials"] = [{k: entry[k] for k in ("workers", "use_multiprocessing", "max_queue_size", "batches_per_s")}]
-    (tmp_path / "tune.json").write_text(json.dumps({tune_cache.signature(data): entry}))
+    _write_cache(tmp_path, {tune_cache.signature(data): entry})
     assert kfast.tune(data, budget_s=0.1, max_workers=2).from_cache
     result = kfast.tune(data, **QUICK)
     assert not result.from_cache and result.workers == 1

@@ -3,37 +3,35 @@
 Keras's `CallbackList` calls callbacks in list order and hands each the same epoch `logs` dict. A logger
 (`TensorBoard`, `CSVLogger`) writes `logs` in its own `on_epoch_end`, so a value added by a callback
 listed after it never reaches it. A monitor whose values belong in the epoch logs calls
-`run_first(self)` from `on_train_begin`: it finds the `CallbackList` that is calling it and moves every
-such monitor to the front, in the order the user listed them; the other callbacks keep their order.
+`run_first(self)` from `on_train_begin`, which moves every such monitor to the front, in the order the
+user listed them; the other callbacks keep their order.
+
+NOTE [ Finding the CallbackList ]: Keras hands a callback no reference to the `CallbackList` that calls
+it, and `fit` builds that list from the user's one. So the list is found among the live objects: the
+`CallbackList` whose callbacks include this very callback. That depends on what the list holds, not on
+who is calling (no stack frames are read), and the same lookup tells `GPUMonitor` when the `fit` that
+started it is gone (a `fit` that raised never calls `on_train_end`): the list is dropped with it.
 """
 
-import sys
+from __future__ import annotations
+
+import gc
+import weakref
 
 import keras
 
 # Callbacks that set this class attribute to True are moved to the front by `run_first`.
 MARKER = "_writes_epoch_logs"
 
-# Frames searched above `run_first` for `CallbackList.on_train_begin`: the monitor's hook is the first, and
-# subclasses that call super() add one each.
-_MAX_DEPTH = 8
+
+def lists_holding(callback: keras.callbacks.Callback) -> list[keras.callbacks.CallbackList]:
+    """Returns the live `CallbackList`s that hold `callback` (none when its hooks are called by hand)."""
+    return [o for o in gc.get_objects()
+            if isinstance(o, keras.callbacks.CallbackList) and any(c is callback for c in o.callbacks)]
 
 
-def _calling_list(callback):
-    """Returns the `CallbackList` whose hook is running `callback`'s, or `None` (hooks called by hand)."""
-    frame = sys._getframe(1)
-    for _ in range(_MAX_DEPTH):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, keras.callbacks.CallbackList) and any(c is callback for c in owner.callbacks):
-            return owner
-        frame = frame.f_back
-    return None
-
-
-def run_first(callback):
-    """Moves `callback`, and every other callback marked with `MARKER`, to the front of the calling list.
+def run_first(callback: keras.callbacks.Callback) -> list[weakref.ref]:
+    """Moves `callback`, and every other callback marked with `MARKER`, to the front of its `CallbackList`.
 
     Call it from `on_train_begin`. The list is replaced rather than edited, so the loop that is calling
     `on_train_begin` finishes over the old order and every callback still gets that hook once; from the
@@ -44,7 +42,8 @@ def run_first(callback):
         callback: the callback asking to run first.
 
     Returns:
-        True when the calling list was found (and is now in order), else False.
+        Weak references to the `CallbackList`s that hold `callback` (each dead once its `fit` is over and
+        dropped); empty when no list holds it.
 
     Example:
 
@@ -59,10 +58,9 @@ def run_first(callback):
     >>> [type(c).__name__ for c in callbacks.callbacks]
     ['Monitor', 'Callback']
     """
-    owner = _calling_list(callback)
-    if owner is None:
-        return False
-    marked = [c for c in owner.callbacks if getattr(c, MARKER, False)]
-    if owner.callbacks[:len(marked)] != marked:
-        owner.callbacks = marked + [c for c in owner.callbacks if not getattr(c, MARKER, False)]
-    return True
+    owners = lists_holding(callback)
+    for owner in owners:
+        marked = [c for c in owner.callbacks if getattr(c, MARKER, False)]
+        if owner.callbacks[:len(marked)] != marked:
+            owner.callbacks = marked + [c for c in owner.callbacks if not getattr(c, MARKER, False)]
+    return [weakref.ref(owner) for owner in owners]

@@ -1,8 +1,10 @@
 """A background thread that samples one GPU's utilisation and memory, and summaries of the samples."""
 
-import sys
+from __future__ import annotations
+
 import threading
 import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -12,7 +14,11 @@ from kfast import nvml
 KEYS = ("gpu_util_mean", "gpu_util_p10", "gpu_idle_fraction", "gpu_mem_used_max")
 
 
-def summarize(samples):
+Sample = tuple[float, float, int]  # (monotonic time, utilisation %, memory used in bytes)
+Reader = Callable[[], tuple[float, int]]
+
+
+def summarize(samples: Sequence[Sample]) -> dict[str, float]:
     """Summarises `(time, utilization_percent, memory_used_bytes)` samples.
 
     Returns:
@@ -38,52 +44,38 @@ class GpuSampler:
         sampler: a callable returning `(utilization_percent, memory_used_bytes)`, e.g. `nvml.Sampler(i)`;
             tests inject scripted ones.
         interval: seconds between samples.
-        owner_thread: stop by itself once this thread, seen inside the function named `stop_when_left`,
-            has left it (training that raised never calls on_train_end). Defaults to `None`.
-        stop_when_left: name of the function whose frames mark "still training". Defaults to `"fit"`.
+        alive: called between samples; once it returns False the thread stops by itself (a `fit` that
+            raised never calls `on_train_end`: see `callback_order`). Defaults to `None`: until `stop()`.
     """
 
-    def __init__(self, sampler, interval=0.1, owner_thread=None, stop_when_left="fit"):
+    def __init__(self, sampler: Reader, interval: float = 0.1, alive: Callable[[], bool] | None = None) -> None:
         self._sampler, self.interval = sampler, interval
-        self._owner, self._marker = owner_thread, stop_when_left
-        self._seen_inside = False
+        self._alive = alive
         self._lock = threading.Lock()
-        self._samples = []
+        self._samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kfast-gpu-sampler", daemon=True)
 
-    def start(self):
+    def start(self) -> GpuSampler:
         self._thread.start()
         return self
 
-    def stop(self):
+    def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
     @property
-    def running(self):
+    def running(self) -> bool:
         return self._thread.is_alive()
 
-    def take(self):
+    def take(self) -> list[Sample]:
         """Returns and clears the samples so far."""
         with self._lock:
             samples, self._samples = self._samples, []
         return samples
 
-    def _owner_left(self):
-        """True once the owner thread, seen inside the marker function before, is no longer in it."""
-        if self._owner is None:
-            return False
-        frame = sys._current_frames().get(self._owner)
-        while frame is not None:
-            if frame.f_code.co_name == self._marker:
-                self._seen_inside = True
-                return False
-            frame = frame.f_back
-        return self._seen_inside
-
-    def _run(self):
+    def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 util, mem = self._sampler()
@@ -91,12 +83,12 @@ class GpuSampler:
                 return
             with self._lock:
                 self._samples.append((time.monotonic(), util, mem))
-            if self._owner_left():
+            if self._alive is not None and not self._alive():
                 return
             self._stop.wait(self.interval)
 
 
-def local_sampler():
+def local_sampler() -> Reader:
     """Returns an NVML sampler for this process's GPU (the local rank's under Horovod).
 
     Raises:

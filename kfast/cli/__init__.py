@@ -1,7 +1,10 @@
 """The `kfast` command line. Each subcommand is one module with an `add(subparsers)` parser builder and a
 runner; both stay thin and call the library. `python -m kfast.cli` runs it too (remote hosts do)."""
 
+from __future__ import annotations
+
 import argparse
+from collections.abc import Sequence
 
 from kfast.cli import diagnose
 from kfast.cli import doctor
@@ -14,7 +17,7 @@ from kfast.cli.launch import launch_command
 __all__ = ["build_parser", "launch_command", "main"]
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kfast", description="Fast input pipelines and Horovod scaling for Keras 3.")
     from kfast._version import __version__
 
@@ -30,7 +33,7 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):

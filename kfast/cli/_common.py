@@ -1,9 +1,14 @@
 """What several `kfast` subcommands share; no subcommand module is imported back from here."""
 
+from __future__ import annotations
+
+import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 
-def load_target(target):
+def load_target(target: str) -> Callable[..., Any]:
     """Imports `module:function` (a module path or a .py file) and returns the function."""
     import importlib
     import importlib.util
@@ -14,7 +19,7 @@ def load_target(target):
         raise SystemExit(f"kfast: expected TARGET as module:function (e.g. mypkg.train:build), got {target!r}.")
     if module_name.endswith(".py"):
         spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(module_name))[0], module_name)
-        if spec is None or not os.path.exists(module_name):
+        if spec is None or spec.loader is None or not os.path.exists(module_name):
             raise SystemExit(f"kfast: no such file {module_name!r}.")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -30,7 +35,7 @@ def load_target(target):
     return func
 
 
-def show(result, args):
+def show(result: Any, args: argparse.Namespace) -> int:
     """Prints a result (a Diagnosis or a Plan) as text or `--json`, and writes its `--plot`."""
     print(result.to_json() if args.json else result)
     if args.plot:

@@ -1,10 +1,14 @@
 """`kfast diagnose`: the command line of `kfast.diagnose`."""
 
+from __future__ import annotations
+
+import argparse
+
 from kfast.cli._common import load_target
 from kfast.cli._common import show
 
 
-def add_diagnose(subparsers):
+def add_diagnose(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "diagnose", help="measure whether training is input-bound or compute-bound, and what to change",
         description="Run kfast.diagnose on the (model, data) returned by TARGET, a module:function taking no "
@@ -17,7 +21,7 @@ def add_diagnose(subparsers):
     p.set_defaults(run=run_diagnose)
 
 
-def run_diagnose(args):
+def run_diagnose(args: argparse.Namespace) -> int:
     from kfast.diagnosis import diagnose
 
     model, data = load_target(args.target)()

@@ -1,9 +1,12 @@
 """`kfast doctor`: check this machine (and optionally the hosts of a launch) for kfast."""
 
+from __future__ import annotations
+
+import argparse
 import json
 
 
-def add_doctor(subparsers):
+def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "doctor", help="report Python, TensorFlow, Keras, Horovod, NVML and GPUs, with fixes",
         description="Check this machine for kfast: versions, Horovod build, GPUs. Exits 1 if a required "
@@ -15,7 +18,7 @@ def add_doctor(subparsers):
     p.set_defaults(run=run_doctor)
 
 
-def run_doctor(args):
+def run_doctor(args: argparse.Namespace) -> int:
     from kfast.env import doctor
 
     report = doctor.collect()

@@ -1,11 +1,16 @@
 """`kfast launch`: build and run the horovodrun command for a recipe on N processes or several hosts."""
 
+from __future__ import annotations
+
 import argparse
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 
-def launch_command(np, hosts, hostfile, recipe, recipe_args, horovodrun="horovodrun", python=sys.executable,
-                   elastic=None):
+def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str, recipe_args: Sequence[str],
+                   horovodrun: str = "horovodrun", python: str = sys.executable,
+                   elastic: dict[str, Any] | None = None) -> list[str]:
     """The horovodrun command line `kfast launch` runs.
 
     `elastic`, for an elastic job: `{"min_np", "max_np", "discovery"}` (a host-discovery script, or None for the
@@ -51,7 +56,7 @@ def launch_command(np, hosts, hostfile, recipe, recipe_args, horovodrun="horovod
     return cmd + [python, "-m", "kfast.cli", "train", recipe, *recipe_args]
 
 
-def add_launch(subparsers):
+def add_launch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "launch", help="run a recipe on N processes / several hosts through horovodrun",
         description="Build and run the horovodrun command for a recipe. Hosts need kfast installed at the same "
@@ -77,7 +82,7 @@ def add_launch(subparsers):
     p.set_defaults(run=run_launch)
 
 
-def _preflight(names, directory):
+def _preflight(names: Sequence[str], directory: str) -> bool:
     """Checks the hosts; prints what it found and returns True when horovodrun may start."""
     from kfast.env import preflight
 
@@ -95,7 +100,7 @@ def _preflight(names, directory):
     return False
 
 
-def _local_discovery(slots):
+def _local_discovery(slots: int) -> str:
     """A host-discovery script offering `slots` on localhost, removed when this process exits."""
     import atexit
     import os
@@ -111,7 +116,7 @@ def _local_discovery(slots):
     return path
 
 
-def run_launch(args):
+def run_launch(args: argparse.Namespace) -> int:
     import os
     import shlex
 
@@ -123,7 +128,7 @@ def run_launch(args):
     try:
         recipes.get(args.recipe)
         horovodrun = horovodrun_path()
-        elastic = None
+        elastic: dict[str, Any] | None = None
         if args.elastic:
             elastic = {"min_np": args.min_np, "max_np": args.max_np, "discovery": args.host_discovery_script}
             if not (args.host_discovery_script or args.hosts or args.hostfile):

@@ -1,12 +1,15 @@
 """`kfast plan`: the command line of `kfast.plan`."""
 
+from __future__ import annotations
+
+import argparse
 import sys
 
 from kfast.cli._common import load_target
 from kfast.cli._common import show
 
 
-def add(subparsers):
+def add(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "plan", help="predict scaling efficiency on N ranks from this machine's measurements and the link",
         description="Measure the model returned by TARGET (a module:function taking no arguments and returning "
@@ -27,7 +30,7 @@ def add(subparsers):
     p.set_defaults(run=run)
 
 
-def _ranks(text):
+def _ranks(text: str) -> list[int]:
     try:
         ranks = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -37,7 +40,7 @@ def _ranks(text):
     return ranks
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     from kfast.planning import plan
     from kfast.planning import link_probe
 

@@ -1,16 +1,18 @@
 """`kfast recipes` and `kfast train`: list the recipes and run one."""
 
+from __future__ import annotations
+
 import argparse
 import sys
 
 
-def add_recipes(subparsers):
+def add_recipes(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("recipes", help="list the ready-made training recipes",
                               description="List the recipes `kfast train` and `kfast launch` run.")
     p.set_defaults(run=run_recipes)
 
 
-def run_recipes(args):
+def run_recipes(args: argparse.Namespace) -> int:
     from kfast import recipes
 
     for name in recipes.names():
@@ -19,7 +21,7 @@ def run_recipes(args):
     return 0
 
 
-def add_train(subparsers):
+def add_train(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "train", help="run a recipe (alone, or under horovodrun)", add_help=False,
         description="Run a recipe; `kfast train RECIPE --help` lists its options.")
@@ -28,7 +30,7 @@ def add_train(subparsers):
     p.set_defaults(run=run_train)
 
 
-def run_train(args):
+def run_train(args: argparse.Namespace) -> int:
     from kfast import recipes
 
     if args.recipe in (None, "-h", "--help"):

@@ -1,9 +1,14 @@
 """`kfast tune`: the command line of `kfast.tune`."""
 
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
 from kfast.cli._common import load_target
 
 
-def add_tune(subparsers):
+def add_tune(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "tune", help="find the fastest FastLoader workers / processes / queue depth for a dataset",
         description="Run kfast.tune on the dataset returned by TARGET, a module:function taking no arguments.")
@@ -14,12 +19,12 @@ def add_tune(subparsers):
     p.set_defaults(run=run_tune)
 
 
-def run_tune(args):
+def run_tune(args: argparse.Namespace) -> int:
     from kfast.tuning import tune
 
     dataset = load_target(args.target)()
 
-    def progress(trial):
+    def progress(trial: dict[str, Any]) -> None:
         mode = "processes" if trial["use_multiprocessing"] else "threads"
         print(f"  tried {mode:<9} workers={trial['workers']:<3} queue={trial['max_queue_size']:<3} "
               f"{trial['batches_per_s']:8.1f} batches/s", flush=True)

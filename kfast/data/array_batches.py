@@ -5,6 +5,10 @@ through `ArrayDataset.worker_dataset()`, never import Keras or TensorFlow (secon
 It imports numpy and kfast's keras-free helpers only.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 
 from kfast._core.checks import check_int
@@ -36,8 +40,8 @@ class ArrayBatches:
     (3, [8, 9], [8, 9])
     """
 
-    def __init__(self, x, y=None, sample_weight=None, batch_size=32, shuffle=False, seed=0, *,
-                 name="ArrayBatches"):
+    def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, batch_size: int = 32, shuffle: bool = False,
+                 seed: int = 0, *, name: str = "ArrayBatches") -> None:
         check_int(name, "batch_size", batch_size)
         self._name = name
         self._parts = tuple(part for part in (x, y, sample_weight) if part is not None)
@@ -51,23 +55,23 @@ class ArrayBatches:
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
-        self._order = None
+        self._order: np.ndarray | None = None
         self.set_epoch(0)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Selects epoch `epoch`'s sample order (a no-op without shuffle)."""
         if self.shuffle:
             self._order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return -(-self.num_samples // self.batch_size)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         rows = self._rows(index)
         batch = tuple(_take(part, rows) for part in self._parts)
         return batch[0] if len(batch) == 1 else batch
 
-    def fill_batch(self, index, out):
+    def fill_batch(self, index: int, out: Any) -> int:
         """Writes batch `index` into `out`, arrays shaped like batch 0's, and returns its number of samples.
 
         FastLoader calls this instead of `__getitem__`, so that each batch is gathered straight into the
@@ -87,14 +91,14 @@ class ArrayBatches:
             _gather(array, rows, dst[:count])
         return count
 
-    def _rows(self, index):
-        rows = slice(index * self.batch_size, (index + 1) * self.batch_size)
+    def _rows(self, index: int) -> slice | np.ndarray:
+        rows: slice | np.ndarray = slice(index * self.batch_size, (index + 1) * self.batch_size)
         if self._order is not None:
             rows = np.sort(self._order[rows])  # sorted rows make the gather read memory in order
         return rows
 
 
-def _take(node, rows):
+def _take(node: Any, rows: slice | np.ndarray) -> Any:
     """`node`'s arrays at `rows`, in `node`'s own nesting (dict order, lists, tuples and namedtuples kept, as
     `keras.tree.map_structure` keeps them)."""
     if isinstance(node, dict):
@@ -107,7 +111,7 @@ def _take(node, rows):
     return np.asarray(node)[rows]
 
 
-def _gather(array, rows, out):
+def _gather(array: Any, rows: slice | np.ndarray, out: np.ndarray) -> None:
     array = np.asarray(array)
     if isinstance(rows, slice):
         np.copyto(out, array[rows], casting="no")

@@ -1,5 +1,9 @@
 """ArrayDataset: batches sliced from in-memory arrays."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 
 from kfast.data.array_batches import ArrayBatches
@@ -32,7 +36,8 @@ class ArrayDataset(keras.utils.PyDataset):
     (4, (4, 4))
     """
 
-    def __init__(self, x, y=None, sample_weight=None, batch_size=32, shuffle=False, seed=0):
+    def __init__(self, x: Any, y: Any = None, sample_weight: Any = None, batch_size: int = 32, shuffle: bool = False,
+                 seed: int = 0) -> None:
         super().__init__()
         self._batches = ArrayBatches(x, y, sample_weight, batch_size, shuffle, seed, name="ArrayDataset")
 
@@ -42,17 +47,17 @@ class ArrayDataset(keras.utils.PyDataset):
     shuffle = property(lambda self: self._batches.shuffle)
     seed = property(lambda self: self._batches.seed)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Selects epoch `epoch`'s sample order (a no-op without shuffle)."""
         self._batches.set_epoch(epoch)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._batches)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         return self._batches[index]
 
-    def fill_batch(self, index, out):
+    def fill_batch(self, index: int, out: Any) -> int:
         """Writes batch `index` into `out`, arrays shaped like batch 0's, and returns its number of samples.
 
         FastLoader calls this instead of `__getitem__`, so that each batch is gathered straight into the
@@ -60,6 +65,6 @@ class ArrayDataset(keras.utils.PyDataset):
         """
         return self._batches.fill_batch(index, out)
 
-    def worker_dataset(self):
+    def worker_dataset(self) -> ArrayBatches:
         """The same batches without Keras (an `ArrayBatches`), for FastLoader's worker processes."""
         return self._batches

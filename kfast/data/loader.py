@@ -18,6 +18,7 @@ from kfast.data._workers import signals
 from kfast.data._workers import threads
 from kfast.data import structure
 from kfast.data._workers.pool import WorkerError
+from kfast.data.settings import LoaderSettings
 from kfast.data.sharding import ShardedDataset
 
 __all__ = ["FastLoader", "WorkerError"]
@@ -183,10 +184,9 @@ class FastLoader(keras.utils.PyDataset):
     # -- settings ---------------------------------------------------------------------------------------
 
     @property
-    def settings(self):
+    def settings(self) -> LoaderSettings:
         """The loader's `workers`, `use_multiprocessing` and `max_queue_size` now in force."""
-        return {"workers": self._num_workers, "use_multiprocessing": self._processes,
-                "max_queue_size": self._window}
+        return LoaderSettings(self._num_workers, self._processes, self._window)
 
     @property
     def _in_flight(self):
@@ -314,7 +314,7 @@ class FastLoader(keras.utils.PyDataset):
                 f"{structure.describe(got)}, but the first batch had {structure.describe(self._signature)}. "
                 "Every batch must have the same nesting, dtypes and ranks.")
         leaves = flat[1]
-        samples = len(leaves[0]) if leaves and np.ndim(leaves[0]) else 1
+        samples = structure.samples(leaves)
         self.samples_served += samples
         self._first = (seq, batch, samples) if self._armed and seq % self._n == 0 else None
         return batch

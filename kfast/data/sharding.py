@@ -1,5 +1,10 @@
 """Split a dataset's batches across ranks so that every rank gets the same number."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 from kfast._core.checks import check_int
 from kfast.data._workers.worker_form import worker_form
 
@@ -34,7 +39,7 @@ class ShardedDataset:
     [1, 5]
     """
 
-    def __init__(self, dataset, rank, size, mode="drop", start=0):
+    def __init__(self, dataset: Any, rank: int, size: int, mode: str = "drop", start: int = 0) -> None:
         check_int("ShardedDataset", "size", size, hint="usually kfast.distributed.size()")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
             raise ValueError(f"ShardedDataset got rank={rank!r} with size={size}; rank must be in [0, {size}).")
@@ -48,19 +53,19 @@ class ShardedDataset:
         self.dataset, self.rank, self.size, self.mode, self.start = dataset, rank, size, mode, start
         self._len = n // size if mode == "drop" else -(-n // size)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._len
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         return self.dataset[self._source(index)]
 
     @property
-    def fill_batch(self):
+    def fill_batch(self) -> Callable[[int, Any], int]:
         """The wrapped dataset's `fill_batch` (see FastLoader) with this shard's indices; absent when it has none."""
         fill_batch = self.dataset.fill_batch  # AttributeError here makes __getattr__ report it absent too
         return lambda index, out: fill_batch(self._source(index), out)
 
-    def worker_dataset(self):
+    def worker_dataset(self) -> ShardedDataset:
         """This shard of the wrapped dataset's `worker_dataset()` (see FastLoader), or itself when it has none.
 
         Defined here, not forwarded: the wrapped dataset's own worker form would serve every batch, not
@@ -71,18 +76,18 @@ class ShardedDataset:
             return self
         return ShardedDataset(worker, self.rank, self.size, self.mode, self.start)
 
-    def _source(self, index):
+    def _source(self, index: int) -> int:
         if not 0 <= index < self._len:
             raise IndexError(f"ShardedDataset index {index} out of range for {self._len} batches.")
         return self.start + (self.rank + index * self.size) % (len(self.dataset) - self.start)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         # Forward on_epoch_end, set_epoch and friends to the wrapped dataset.
         if name == "dataset":
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
 
-def shard(dataset, rank, size, mode="drop", start=0):
+def shard(dataset: Any, rank: int, size: int, mode: str = "drop", start: int = 0) -> ShardedDataset:
     """Returns rank `rank`'s `ShardedDataset` of `dataset` (see there)."""
     return ShardedDataset(dataset, rank, size, mode, start)

@@ -2,18 +2,31 @@
 description and a list of leaves, and rebuild it. Workers send the description and the leaves' bytes;
 the loader compares descriptions to catch datasets whose batches change structure."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
+# How a batch nests: None for a leaf, else (kind, children) with kind "dict" (children: (key, spec) pairs),
+# "list" or "tuple" (children: specs).
+Spec = tuple[str, tuple[Any, ...]] | None
+# What `signature` returns: the nesting, and (dtype string, rank) per leaf.
+Signature = tuple[Spec, tuple[tuple[str, int], ...]]
 
-def flatten(batch):
+
+def flatten(batch: Any) -> tuple[Spec, list[Any]]:
     """Returns `(spec, leaves)`: a hashable description of the nesting and the leaves in order."""
-    leaves = []
+    leaves: list[Any] = []
     return _walk(batch, leaves), leaves
 
 
 # Module-level recursion, not nested closures: a recursive closure is a reference cycle that would keep
 # the leaves alive until the garbage collector runs, and the loader reuses arrays nobody references.
-def _walk(node, leaves):
+def _walk(node: Any, leaves: list[Any]) -> Spec:
     if isinstance(node, dict):
         # Keys in a fixed order: Keras matches dict batches by key, so insertion order must not matter.
         return ("dict", tuple((key, _walk(node[key], leaves)) for key in sorted(node, key=str)))
@@ -23,12 +36,22 @@ def _walk(node, leaves):
     return None
 
 
-def unflatten(spec, leaves):
+def samples(leaves: Sequence[Any]) -> int:
+    """Samples in a batch whose leaves are `leaves`: the first leaf's first dimension (1 for scalars)."""
+    return int(np.shape(leaves[0])[0]) if leaves and np.ndim(leaves[0]) else 1
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in `batch`: the first dimension of its first leaf, in `flatten`'s order (1 for scalars)."""
+    return samples(flatten(batch)[1])
+
+
+def unflatten(spec: Spec, leaves: Iterable[Any]) -> Any:
     """Inverse of `flatten`."""
     return _build(spec, iter(leaves))
 
 
-def _build(node, leaves):
+def _build(node: Spec, leaves: Iterator[Any]) -> Any:
     if node is None:
         return next(leaves)
     kind, children = node
@@ -38,7 +61,7 @@ def _build(node, leaves):
     return items if kind == "list" else tuple(items)
 
 
-def signature(batch, flat=None):
+def signature(batch: Any, flat: tuple[Spec, list[Any]] | None = None) -> Signature:
     """Describes what must stay the same across batches: nesting, and each leaf's dtype and rank.
 
     `flat` is `flatten(batch)` when the caller has it already."""
@@ -46,13 +69,13 @@ def signature(batch, flat=None):
     return spec, tuple((np.asarray(leaf).dtype.str, np.ndim(leaf)) for leaf in leaves)
 
 
-def describe(sig):
+def describe(sig: Signature) -> str:
     """Readable form of a `signature`, for error messages."""
     spec, leaves = sig
     return f"structure {_spec_text(spec)} with leaves {', '.join(f'{dt}[rank {nd}]' for dt, nd in leaves)}"
 
 
-def _spec_text(node):
+def _spec_text(node: Spec) -> str:
     if node is None:
         return "array"
     kind, children = node
@@ -62,14 +85,15 @@ def _spec_text(node):
     return f"[{inner}]" if kind == "list" else f"({inner})"
 
 
-def shm_layout(leaves, align=64):
+def shm_layout(leaves: Iterable[Any], align: int = 64) -> tuple[list[tuple[str, tuple[int, ...], int]] | None, int]:
     """Plans how numeric array leaves sit in one shared-memory slot.
 
     Returns:
         `(layout, nbytes)` where layout lists `(dtype_str, shape, offset)` per leaf, or `(None, 0)` when a
         leaf is not a plain numeric numpy array (such batches travel pickled instead).
     """
-    layout, offset = [], 0
+    layout: list[tuple[str, tuple[int, ...], int]] = []
+    offset = 0
     for leaf in leaves:
         if not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in "biufc" or leaf.dtype.hasobject:
             return None, 0

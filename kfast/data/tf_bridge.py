@@ -1,11 +1,21 @@
 """A bridge from FastLoader to `tf.data`, for pipelines that continue in TensorFlow."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
 import numpy as np
 
 from kfast.data import structure
 
+if TYPE_CHECKING:
+    import tensorflow as tf
 
-def _spec(batch):
+    from kfast.data.loader import FastLoader
+
+
+def _spec(batch: Any) -> Any:
     import tensorflow as tf
 
     spec, leaves = structure.flatten(batch)
@@ -14,7 +24,7 @@ def _spec(batch):
     return structure.unflatten(spec, specs)
 
 
-def to_tf_dataset(loader):
+def to_tf_dataset(loader: FastLoader) -> tf.data.Dataset:
     """Returns a `tf.data.Dataset` yielding one epoch of `loader`'s batches, with AUTOTUNE prefetch.
 
     Example:

@@ -1,8 +1,9 @@
 """`kfast.diagnose` (defined here): measure input, compute and end-to-end step time on the user's model and data."""
 
-import math
-import threading
+from __future__ import annotations
+
 import time
+from typing import Any
 
 import keras
 import numpy as np
@@ -11,23 +12,8 @@ from kfast._core.checks import check_int
 from kfast._core import fit_timing
 from kfast._core import gpu_sampling
 from kfast import nvml
+from kfast.data import structure
 from kfast.diagnosis.report import Diagnosis
-
-
-class _StepClock(keras.callbacks.Callback):
-    """Stamps the end of every training step and stops training after `steps` of them."""
-
-    def __init__(self, steps):
-        super().__init__()
-        self.steps = steps
-
-    def on_train_begin(self, logs=None):
-        self.stamps = [time.perf_counter()]
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.stamps.append(time.perf_counter())
-        if len(self.stamps) > self.steps:
-            self.model.stop_training = True
 
 
 class _Repeat(keras.utils.PyDataset):
@@ -42,15 +28,6 @@ class _Repeat(keras.utils.PyDataset):
 
     def __getitem__(self, index):
         return self.batch
-
-
-def _length(data):
-    """Batches per epoch, or `None` when the data does not say (an iterable, a tf.data.Dataset of unknown
-    cardinality)."""
-    try:
-        return len(data)
-    except TypeError:
-        return None
 
 
 def _batches(data, count):
@@ -86,16 +63,9 @@ def compute_seconds(model, batch, *, steps=10, warmup=3):
         return _fit(model, _Repeat(batch, warmup + steps), warmup + steps)[warmup:]
 
 
-def _fit(model, data, steps):
+def _fit(model: keras.Model, data: Any, steps: int) -> np.ndarray:
     """Trains `steps` steps and returns each one's seconds; data shorter than that is read for several epochs."""
-    clock = _StepClock(steps)
-    length = _length(data)
-    if length is None:
-        model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
-    else:
-        # Whole epochs rather than steps_per_epoch > length, which Keras ends early with "ran out of data".
-        model.fit(data, epochs=math.ceil(steps / length), verbose=0, callbacks=[clock])
-    return np.diff(clock.stamps)
+    return fit_timing.timed_fit(model, data, fit_timing.StepClock(steps)).step_seconds()
 
 
 def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
@@ -134,11 +104,9 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
     """
     check_int("diagnose", "steps", steps, hint="timed batches per phase")
     check_int("diagnose", "warmup", warmup, least=0, hint="untimed batches before each phase")
-    if not getattr(model, "compiled", False) or model.optimizer is None:
-        raise ValueError("diagnose needs a compiled model: call model.compile(optimizer, loss) first.")
-    fit_timing.check_model("diagnose", model)  # built too: its weights are put back afterwards
+    fit_timing.check_model("diagnose", model)  # compiled, and built: its weights are put back afterwards
     total = warmup + steps
-    if _length(data) == 0:
+    if fit_timing.batches_per_epoch(data) == 0:
         raise ValueError(f"diagnose got {type(data).__name__} with no batches; pass the data you train on.")
     gpu_reason = None
     if sampler is None:
@@ -146,8 +114,8 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
             sampler = gpu_sampling.local_sampler()
         except nvml.NvmlUnavailable as e:
             gpu_reason = str(e)
-    thread = gpu_sampling.GpuSampler(sampler, 0.05, owner_thread=threading.get_ident(),
-                                     stop_when_left="diagnose").start() if sampler else None
+    # Stopped in the `finally` below, whatever happens in between.
+    thread = gpu_sampling.GpuSampler(sampler, 0.05).start() if sampler else None
 
     times, gpu, timeline, spans = {}, {}, [], {}
     began = time.monotonic()  # the sampler's clock, for the picture's GPU timeline
@@ -174,11 +142,10 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
     finally:
         if thread is not None:
             thread.stop()
-    leaves = keras.tree.flatten(first)
-    batch_size = int(np.shape(leaves[0])[0]) if leaves and np.ndim(leaves[0]) else 1
-    settings = getattr(data, "settings", {})
-    length = _length(data)
+    batch_size = structure.batch_size(first)
+    settings = getattr(data, "settings", None)
+    length = fit_timing.batches_per_epoch(data)
     epoch_starts = [i for i in range(steps) if length and (warmup + i) % length == 0 and warmup + i]
     return Diagnosis(times, batch_size, gpu=gpu or None, gpu_reason=gpu_reason, gpu_timeline=timeline,
                      phases=spans, epoch_starts=epoch_starts, data_kind=type(data).__name__,
-                     workers=settings.get("workers"))
+                     workers=settings["workers"] if settings is not None else None)

@@ -4,10 +4,19 @@ Drawn on a `matplotlib.figure.Figure` with its own Agg canvas, never through pyp
 so a notebook's backend and open figures are left alone.
 """
 
+from __future__ import annotations
+
 import os
 import textwrap
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from kfast.diagnosis.report import Diagnosis
 
 # Input wait is the colour to notice; compute is the work the step exists for; other is neutral.
 _PARTS = (("compute", "compute", "#4C72B0"), ("input_wait", "input wait", "#E8743B"),
@@ -16,11 +25,11 @@ _VERDICT_COLOURS = {"input-bound": "#C44E1A", "compute-bound": "#2E6B30", "balan
 _PHASE_LABELS = {"input": "input alone", "compute": "compute alone", "end_to_end": "end to end"}
 
 
-def _ms(seconds):
+def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
-def draw(diagnosis, path):
+def draw(diagnosis: Diagnosis, path: str | os.PathLike[str]) -> None:
     """Writes `diagnosis` as a PNG to `path` (see `Diagnosis.plot`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -49,7 +58,7 @@ def draw(diagnosis, path):
     fig.savefig(path)
 
 
-def _header(fig, d):
+def _header(fig: Figure, d: Diagnosis) -> None:
     parts = {name: float(np.median(v)) if len(v) else 0.0 for name, v in d.step_breakdown().items()}
     step = float(np.median(d.times["end_to_end"]))
     b = d.batch_size
@@ -64,10 +73,10 @@ def _header(fig, d):
              ha="left", va="top", fontsize=10.5, linespacing=1.5)
 
 
-def _draw_steps(ax, d):
+def _draw_steps(ax: Axes, d: Diagnosis) -> None:
     parts = d.step_breakdown()
     steps = np.arange(1, len(parts["compute"]) + 1)
-    total = sum(parts.values()) * 1e3
+    total = np.asarray(sum(parts.values())) * 1e3
     # A few slow steps (a new epoch's iterator, a pause) must not flatten the others: clip them and say so.
     cap = max(float(np.percentile(total, 90)) * 1.6, float(np.median(total)) * 2)
     top = cap if total.max() > cap * 1.15 else float(total.max())
@@ -92,7 +101,7 @@ def _draw_steps(ax, d):
     ax.spines[["top", "right"]].set_visible(False)
 
 
-def _draw_gpu(ax, d):
+def _draw_gpu(ax: Axes, d: Diagnosis) -> None:
     t0 = min([d.gpu_timeline[0][0]] + [start for start, _ in d.phases.values()])
     shades = {"input": "#FBE3D6", "compute": "#DCE4F2", "end_to_end": "#EDEDED"}
     for name, (start, end) in d.phases.items():

@@ -1,7 +1,13 @@
 """Diagnosis: what `kfast.diagnose` measured, its verdict, what to change, and how to show it."""
 
+from __future__ import annotations
+
 import json
 import math
+import os
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +18,7 @@ COMPUTE_BOUND = "compute-bound"
 BALANCED = "balanced"
 
 
-def _median(times):
+def _median(times: Any) -> float:
     return float(np.median(times)) if len(times) else float("nan")
 
 
@@ -34,8 +40,11 @@ class Diagnosis:
             measurement.
     """
 
-    def __init__(self, times, batch_size, gpu=None, gpu_reason=None, gpu_timeline=None, phases=None,
-                 epoch_starts=None, data_kind="dataset", workers=None):
+    def __init__(self, times: Mapping[str, Iterable[float]], batch_size: int,
+                 gpu: dict[str, dict[str, float]] | None = None, gpu_reason: str | None = None,
+                 gpu_timeline: list[tuple[float, float, int]] | None = None,
+                 phases: dict[str, tuple[float, float]] | None = None, epoch_starts: Iterable[int] | None = None,
+                 data_kind: str = "dataset", workers: int | None = None) -> None:
         self.times = {k: [float(t) for t in v] for k, v in times.items()}
         self.batch_size = batch_size
         self.gpu, self.gpu_reason, self.gpu_timeline = gpu, gpu_reason, gpu_timeline or []
@@ -54,9 +63,9 @@ class Diagnosis:
             self.verdict = BALANCED
         self.recommendations = self._recommend(t_in, t_comp, data_kind, workers, usable_cpus())
 
-    def _recommend(self, t_in, t_comp, data_kind, workers, cpus):
+    def _recommend(self, t_in: float, t_comp: float, data_kind: str, workers: int | None, cpus: int) -> list[str]:
         b = self.batch_size
-        out = []
+        out: list[str] = []
         if self.verdict != COMPUTE_BOUND and t_in > t_comp:
             feed = (f"input delivers {b / t_in:.0f} samples/s, the model consumes {b / t_comp:.0f}; "
                     f"{self.lost_fraction:.0%} of each step is lost waiting for data")
@@ -86,17 +95,17 @@ class Diagnosis:
                        "with tensor cores, or more GPUs with horovodrun.")
         return out
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         """Returns every measured number, the verdict and the recommendations as plain Python types."""
         return {"verdict": self.verdict, "lost_fraction": self.lost_fraction, "batch_size": self.batch_size,
                 "input_batches_per_s": self.input_batches_per_s, "compute_steps_per_s": self.compute_steps_per_s,
                 "end_to_end_steps_per_s": self.end_to_end_steps_per_s, "gpu": self.gpu,
                 "gpu_reason": self.gpu_reason, "recommendations": self.recommendations, "times": self.times}
 
-    def to_json(self):
+    def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def __str__(self):
+    def __str__(self) -> str:
         b = self.batch_size
         rows = [("input alone", self.input_batches_per_s, "batches/s"),
                 ("compute alone", self.compute_steps_per_s, "steps/s"),
@@ -117,7 +126,7 @@ class Diagnosis:
         lines += ["", "What to do:"] + [f"  {i}. {r}" for i, r in enumerate(self.recommendations, 1)]
         return "\n".join(lines)
 
-    def step_breakdown(self):
+    def step_breakdown(self) -> dict[str, np.ndarray]:
         """Splits each measured end-to-end step into compute, input wait and other time.
 
         Compute is the model's own step (the compute-alone median). Keras loads the next batch while the
@@ -142,7 +151,7 @@ class Diagnosis:
         wait = np.minimum(step - compute, max(0.0, t_in - t_comp))
         return {"compute": compute, "input_wait": wait, "other": step - compute - wait}
 
-    def plot(self, path):
+    def plot(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
         """Writes a PNG of where each measured training step's time went.
 
         Stacked bars per end-to-end step (compute, input wait, other; see `step_breakdown`) under the

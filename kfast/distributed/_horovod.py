@@ -8,29 +8,121 @@ kfast uses the collectives of `horovod.tensorflow` (allreduce, broadcast) direct
 layer (`horovod.tensorflow.keras`) does not work with Keras 3.
 """
 
+from __future__ import annotations
+
 import os
 import shutil
 import sys
 import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 
 _INSTALL_HINT = (
     "install Horovod built for your TensorFlow with `bash scripts/install_horovod.sh` "
     "(or `make test`, which runs it), see README"
 )
-_hvd = None  # horovod.tensorflow, once init() ran with Horovod present
+_hvd: Any = None  # horovod.tensorflow, once init() ran with Horovod present
 _initialised = False
 
 
-def _launched_by_horovodrun():
+class _SingleProcess:
+    """One process (no Horovod, or a job of one rank): rank 0 of 1, and every collective the identity, as
+    Lightning's `SingleDeviceCollective`, so callers never branch on "is this distributed"."""
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+    def local_rank(self) -> int:
+        return 0
+
+    def local_size(self) -> int:
+        return 1
+
+    def allreduce_average(self, tensors: Sequence[Any], name: str | None) -> list[Any]:
+        return list(tensors)
+
+    def broadcast_variables(self, variables: Iterable[Any], root_rank: int) -> None:
+        return None
+
+    def broadcast_object(self, obj: Any, root_rank: int) -> Any:
+        return obj
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def allreduce_mean_values(self, values: Sequence[float]) -> list[float]:
+        return [float(v) for v in values]
+
+
+class _Ring(_SingleProcess):
+    """Two or more ranks: Horovod's TensorFlow collectives."""
+
+    def __init__(self, hvd: Any) -> None:
+        self.hvd = hvd
+
+    def rank(self) -> int:
+        return int(self.hvd.rank())
+
+    def size(self) -> int:
+        return int(self.hvd.size())
+
+    def local_rank(self) -> int:
+        return int(self.hvd.local_rank())
+
+    def local_size(self) -> int:
+        return int(self.hvd.local_size())
+
+    def allreduce_average(self, tensors: Sequence[Any], name: str | None) -> list[Any]:
+        present = [i for i, t in enumerate(tensors) if t is not None]
+        reduced = self.hvd.grouped_allreduce([tensors[i] for i in present], op=self.hvd.Average, name=name)
+        out = list(tensors)
+        for i, t in zip(present, reduced):
+            out[i] = t
+        return out
+
+    def broadcast_variables(self, variables: Iterable[Any], root_rank: int) -> None:
+        for i, v in enumerate(variables):
+            v.assign(self.hvd.broadcast(v.value, root_rank, name=f"kfast.bcast.{i}"))
+
+    def broadcast_object(self, obj: Any, root_rank: int) -> Any:
+        return self.hvd.broadcast_object(obj, root_rank)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return list(self.hvd.allgather_object(obj))
+
+    def allreduce_mean_values(self, values: Sequence[float]) -> list[float]:
+        import tensorflow as tf
+
+        mean = self.hvd.allreduce(tf.constant(values, dtype=tf.float64), op=self.hvd.Average, name="kfast.values")
+        return [float(v) for v in mean.numpy()]
+
+
+_ALONE = _SingleProcess()
+
+
+def _topology() -> _SingleProcess:
+    """The job as it is now: an elastic job may shrink to one rank or grow from it, so this is asked each
+    time, not cached."""
+    _require_init()
+    if _hvd is None or _hvd.size() == 1:
+        return _ALONE
+    return _Ring(_hvd)
+
+
+def _launched_by_horovodrun() -> bool:
     return "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
 
 
-def horovodrun_path():
+def horovodrun_path() -> str:
     """The `horovodrun` on PATH, else the one beside this Python (a virtualenv's bin/ that is not on PATH)."""
     return shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
 
-def import_horovod():
+def import_horovod() -> Any:
     """Returns `horovod.tensorflow`.
 
     Raises:
@@ -39,7 +131,7 @@ def import_horovod():
     return _import_horovod()
 
 
-def _import_horovod():
+def _import_horovod() -> Any:
     try:
         import horovod.tensorflow as hvd
     except ImportError as e:
@@ -47,19 +139,19 @@ def _import_horovod():
     return hvd
 
 
-def _keras_backend():
+def _keras_backend() -> str:
     import keras
 
-    return keras.backend.backend()
+    return str(keras.backend.backend())
 
 
-def _backend_problem(backend):
+def _backend_problem(backend: str) -> str:
     return (f"kfast.distributed trains data-parallel with Horovod's TensorFlow collectives, so it needs Keras's "
             f"TensorFlow backend, but this process runs Keras on {backend}. Set KERAS_BACKEND=tensorflow to scale "
             "out (with kfast[cpu] or kfast[gpu] and Horovod installed, see README)")
 
 
-def init():
+def init() -> None:
     """Starts Horovod and pins this process to the GPU of its local rank.
 
     Call it at the top of the training script, before building the model: pinning only works before
@@ -105,7 +197,7 @@ def init():
     _initialised = True
 
 
-def restart():
+def restart() -> None:
     """Shuts Horovod down and starts it again: how an elastic job re-forms its ring after ranks left or
     joined (rank and size may change). GPU pinning stays as `init()` left it."""
     if _hvd is not None:
@@ -113,7 +205,7 @@ def restart():
         _hvd.init()
 
 
-def elastic_api():
+def elastic_api() -> tuple[Any, Any, Any, Any]:
     """Horovod's elastic-training pieces, for `kfast.distributed.elastic`.
 
     Returns:
@@ -127,7 +219,7 @@ def elastic_api():
     return notification_manager, HorovodInternalError, HostsUpdatedInterrupt, HostUpdateResult
 
 
-def _pin_gpu(local_rank, local_size):
+def _pin_gpu(local_rank: int, local_size: int) -> None:
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -150,7 +242,7 @@ def _pin_gpu(local_rank, local_size):
         ) from e
 
 
-def _require_init():
+def _require_init() -> None:
     if not _initialised and _launched_by_horovodrun():
         raise RuntimeError(
             "This process was started by horovodrun but kfast.distributed.init() was not called; call it "
@@ -158,36 +250,32 @@ def _require_init():
         )
 
 
-def rank():
+def rank() -> int:
     """Returns this process's global rank (0 when not distributed)."""
-    _require_init()
-    return _hvd.rank() if _hvd else 0
+    return _topology().rank()
 
 
-def size():
+def size() -> int:
     """Returns the number of processes in the job (1 when not distributed)."""
-    _require_init()
-    return _hvd.size() if _hvd else 1
+    return _topology().size()
 
 
-def local_rank():
+def local_rank() -> int:
     """Returns this process's rank on its host (0 when not distributed)."""
-    _require_init()
-    return _hvd.local_rank() if _hvd else 0
+    return _topology().local_rank()
 
 
-def local_size():
+def local_size() -> int:
     """Returns the number of processes on this host (1 when not distributed)."""
-    _require_init()
-    return _hvd.local_size() if _hvd else 1
+    return _topology().local_size()
 
 
-def is_chief():
+def is_chief() -> bool:
     """Returns True on rank 0, the process that prints, logs and writes checkpoints."""
     return rank() == 0
 
 
-def allreduce_average(tensors, name=None):
+def allreduce_average(tensors: Sequence[Any], name: str | None = None) -> list[Any]:
     """Averages a list of tensors across ranks in one fused collective.
 
     Every rank must call it with tensors of the same shapes, in the same order. Without Horovod it
@@ -200,17 +288,10 @@ def allreduce_average(tensors, name=None):
     Returns:
         A list of averaged tensors, in the input's order.
     """
-    if _hvd is None or _hvd.size() == 1:
-        return list(tensors)
-    present = [i for i, t in enumerate(tensors) if t is not None]
-    reduced = _hvd.grouped_allreduce([tensors[i] for i in present], op=_hvd.Average, name=name)
-    out = list(tensors)
-    for i, t in zip(present, reduced):
-        out[i] = t
-    return out
+    return _topology().allreduce_average(tensors, name)
 
 
-def broadcast_variables(variables, root_rank=0):
+def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
     """Overwrites `variables` on every rank with root_rank's values.
 
     Works on Keras 3 variables (Horovod's own helper needs raw `tf.Variable`s and fails on them).
@@ -219,41 +300,29 @@ def broadcast_variables(variables, root_rank=0):
         variables: iterable of Keras or TensorFlow variables, the same list on every rank.
         root_rank: the rank whose values win. Defaults to `0`.
     """
-    if _hvd is None or _hvd.size() == 1:
-        return
-    for i, v in enumerate(variables):
-        v.assign(_hvd.broadcast(v.value, root_rank, name=f"kfast.bcast.{i}"))
+    _topology().broadcast_variables(variables, root_rank)
 
 
-def broadcast_object(obj, root_rank=0):
+def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
     """Returns root_rank's `obj` on every rank (any picklable object)."""
-    if _hvd is None or _hvd.size() == 1:
-        return obj
-    return _hvd.broadcast_object(obj, root_rank)
+    return _topology().broadcast_object(obj, root_rank)
 
 
-def allgather_object(obj):
+def allgather_object(obj: Any) -> list[Any]:
     """Returns the list of every rank's `obj`, indexed by rank (any picklable object)."""
-    if _hvd is None or _hvd.size() == 1:
-        return [obj]
-    return _hvd.allgather_object(obj)
+    return _topology().allgather_object(obj)
 
 
-def is_initialized():
+def is_initialized() -> bool:
     """Returns True once `init()` ran in this process."""
     return _initialised
 
 
-def allreduce_mean_values(values):
+def allreduce_mean_values(values: Sequence[float]) -> list[float]:
     """Returns the element-wise mean over ranks of a list of Python floats (float64, exact order)."""
-    if _hvd is None or _hvd.size() == 1:
-        return [float(v) for v in values]
-    import tensorflow as tf
-
-    mean = _hvd.allreduce(tf.constant(values, dtype=tf.float64), op=_hvd.Average, name="kfast.values")
-    return [float(v) for v in mean.numpy()]
+    return _topology().allreduce_mean_values(values)
 
 
-def verbose(level="auto"):
+def verbose(level: int | str = "auto") -> int | str:
     """Returns `level` on rank 0 and 0 elsewhere: `model.fit(..., verbose=kfast.distributed.verbose())`."""
     return level if is_chief() else 0

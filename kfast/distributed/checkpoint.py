@@ -6,22 +6,29 @@ seen so far, ...). It travels inside the same file as the weights it belongs to,
 disagree, and falling back to an older checkpoint falls back to its state too.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
 import warnings
 import weakref
 import zipfile
+from typing import TYPE_CHECKING
+from typing import Any
 
 from kfast.distributed import _horovod as distributed
+
+if TYPE_CHECKING:
+    import keras
 
 _EPOCH_FILE = re.compile(r"^epoch-(\d{4,})\.keras$")
 _STATE_MEMBER = "kfast-state.json"
 # Per-model training state, filled by the callbacks and by restore(); keyed weakly, so it dies with the model.
-_STATES = weakref.WeakKeyDictionary()
+_STATES: weakref.WeakKeyDictionary[keras.Model, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
-def training_state(model):
+def training_state(model: keras.Model) -> dict[str, Any]:
     """The dict of values that `RankZeroCheckpoint` saves with `model` and `restore()` loads back.
 
     Callbacks keep what must survive a restart here (under their own keys) rather than in attributes.
@@ -29,7 +36,7 @@ def training_state(model):
     return _STATES.setdefault(model, {})
 
 
-def epoch_path(directory, epoch):
+def epoch_path(directory: str | os.PathLike[str], epoch: int) -> str:
     """Path of the checkpoint written after `epoch` (counted from 1)."""
     return os.path.join(directory, f"epoch-{epoch:04d}.keras")
 
@@ -38,10 +45,10 @@ def epoch_path(directory, epoch):
 _PARTIAL = ".tmp-"
 
 
-def remove_partial(directory):
+def remove_partial(directory: str | os.PathLike[str]) -> list[str]:
     """Deletes what saves killed halfway left in `directory` (one job writes a checkpoint directory at a
     time, so no live save owns such a file when training begins). Returns the names removed."""
-    removed = []
+    removed: list[str] = []
     for name in sorted(os.listdir(directory)):
         if name.startswith(_PARTIAL):
             try:
@@ -52,7 +59,7 @@ def remove_partial(directory):
     return removed
 
 
-def save_atomic(model, path):
+def save_atomic(model: keras.Model, path: str | os.PathLike[str]) -> None:
     """Saves `model` to `path` through a temporary file and a rename, so a crash never leaves half a file.
 
     The model's `training_state` goes into the archive too. A model compiled with
@@ -70,7 +77,7 @@ def save_atomic(model, path):
             os.remove(tmp)
 
 
-def _finish_archive(archive, state):
+def _finish_archive(archive: str, state: dict[str, Any]) -> None:
     with zipfile.ZipFile(archive) as z:
         entries = {info.filename: z.read(info) for info in z.infolist()}
     config = json.loads(entries["config.json"])
@@ -84,7 +91,7 @@ def _finish_archive(archive, state):
             z.writestr(filename, data)
 
 
-def read_archive(path):
+def read_archive(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Checks that the checkpoint at `path` is whole and returns `(build_config, state)` from it.
 
     Raises:
@@ -103,7 +110,7 @@ def read_archive(path):
     return config.get("build_config"), state
 
 
-def list_epochs(directory):
+def list_epochs(directory: str | os.PathLike[str]) -> list[int]:
     """Returns the epochs (ascending) that have a checkpoint in `directory`."""
     if not os.path.isdir(directory):
         return []
@@ -111,7 +118,8 @@ def list_epochs(directory):
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def _load_latest(model, checkpoint_dir):
+def _load_latest(model: keras.Model,
+                 checkpoint_dir: str | os.PathLike[str]) -> tuple[int, dict[str, Any] | None, dict[str, Any]]:
     """On rank 0: loads the newest readable checkpoint. Returns (epoch, build_config, state)."""
     epochs = list_epochs(checkpoint_dir)
     for epoch in reversed(epochs):
@@ -130,7 +138,7 @@ def _load_latest(model, checkpoint_dir):
     return 0, None, {}
 
 
-def _build(model, build_config, path):
+def _build(model: keras.Model, build_config: dict[str, Any] | None, path: str | os.PathLike[str]) -> None:
     # A model without an Input layer is built by its first batch; a checkpoint records the shapes it was
     # built with, so restore() can build it now and load the weights before fit() starts.
     if not model.built:
@@ -142,7 +150,7 @@ def _build(model, build_config, path):
         model.optimizer.build(model.trainable_variables)
 
 
-def restore(model, checkpoint_dir):
+def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
     """Loads the latest checkpoint on rank 0 and gives every rank the same state.
 
     Call it after `model.compile(...)` and before `fit`. Rank 0 reads the newest readable
@@ -174,7 +182,8 @@ def restore(model, checkpoint_dir):
         raise RuntimeError("restore() needs a compiled model: call model.compile(...) first.")
     if model.built and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    found, error = (0, None, {}), None
+    found: tuple[int, dict[str, Any] | None, dict[str, Any]] = (0, None, {})
+    error: Exception | None = None
     if distributed.is_chief():
         try:
             found = _load_latest(model, checkpoint_dir)

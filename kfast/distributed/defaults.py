@@ -1,9 +1,18 @@
 """default_callbacks: kfast's standard distributed callbacks, in the order they must run."""
 
+from __future__ import annotations
+
+import os
 import warnings
+from typing import TYPE_CHECKING
+from typing import Any
+
+if TYPE_CHECKING:
+    import keras
 
 
-def default_callbacks(checkpoint_dir=None, *, warmup_epochs=5, monitor="val_loss", keep=3, verbose=0):
+def default_callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, *, warmup_epochs: int = 5,
+                      monitor: str = "val_loss", keep: int = 3, verbose: int = 0) -> list[keras.callbacks.Callback]:
     """Returns kfast's standard distributed callbacks, in the order they must run.
 
     BroadcastState (same start on every rank), LearningRateWarmup (linear scaling rule), MetricAverage
@@ -29,13 +38,14 @@ def default_callbacks(checkpoint_dir=None, *, warmup_epochs=5, monitor="val_loss
     """
     from kfast.callbacks import BroadcastState, LearningRateWarmup, MetricAverage, RankZeroCheckpoint
 
-    out = [BroadcastState(), LearningRateWarmup(warmup_epochs=warmup_epochs, verbose=verbose), MetricAverage()]
+    out: list[keras.callbacks.Callback] = [
+        BroadcastState(), LearningRateWarmup(warmup_epochs=warmup_epochs, verbose=verbose), MetricAverage()]
     if checkpoint_dir:
         out.append(RankZeroCheckpoint(checkpoint_dir, monitor=monitor, keep=keep, verbose=verbose))
     return out
 
 
-def callbacks(checkpoint_dir=None, **kwargs):
+def callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> list[keras.callbacks.Callback]:
     """Deprecated name of `default_callbacks` (it read like the `kfast.callbacks` package); kept one release."""
     warnings.warn("kfast.distributed.callbacks() is now kfast.distributed.default_callbacks() (the old name read like the "
                   "kfast.callbacks package); the old name goes in the next release.", DeprecationWarning, stacklevel=2)

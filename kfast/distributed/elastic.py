@@ -10,13 +10,24 @@ change keeps `(e, p)` and only changes `n`, so every batch of an epoch is traine
 the last commit before a rank was lost, which are trained again.
 """
 
+from __future__ import annotations
+
 import queue
 import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
 from kfast.distributed import _horovod as distributed
 from kfast.distributed import checkpoint
+
+if TYPE_CHECKING:
+    import keras
+
+_T = TypeVar("_T")
 
 _HOROVOD_OP = re.compile(r"Horovod\w*(Allreduce|Allgather|Broadcast)|Horovod has been shut down|Gloo", re.I)
 
@@ -36,33 +47,38 @@ class ElasticState:
         resets: one dict per membership change: `{"epoch", "position", "size_before", "size_after", "reason"}`.
     """
 
-    def __init__(self, model, epoch=0):
+    def __init__(self, model: keras.Model, epoch: int = 0) -> None:
         self.model, self.epoch, self.position = model, epoch, 0
-        self.resets = []
-        self._saved = None
-        self._messages = queue.Queue()
-        self._last_update = 0
+        self.resets: list[dict[str, Any]] = []
+        self._saved: dict[str, Any] | None = None
+        # (timestamp, HostUpdateResult flags) from Horovod's notification service.
+        self._messages: queue.Queue[tuple[float, int]] = queue.Queue()
+        self._last_update: float = 0
 
-    def _variables(self):
+    def _variables(self) -> list[Any]:
         optimizer = self.model.optimizer
         if not optimizer.built:
             # A joining rank has not trained yet: build the slots it will receive.
             optimizer.build(self.model.trainable_variables)
         return list(self.model.weights) + list(optimizer.variables)
 
-    def save(self):
+    def save(self) -> None:
         self._saved = {"values": [np.array(v.numpy()) for v in self._variables()], "epoch": self.epoch,
                        "position": self.position, "training_state": dict(checkpoint.training_state(self.model))}
 
-    def restore(self):
+    def restore(self) -> None:
         """Puts back the last commit, undoing the steps trained since."""
-        for v, value in zip(self._variables(), self._saved["values"]):
+        saved = self._saved
+        if saved is None:
+            raise RuntimeError("ElasticState.restore() found no commit to go back to; call commit() (or sync()) "
+                               "before it.")
+        for v, value in zip(self._variables(), saved["values"]):
             v.assign(value)
-        self.epoch, self.position = self._saved["epoch"], self._saved["position"]
+        self.epoch, self.position = saved["epoch"], saved["position"]
         checkpoint.training_state(self.model).clear()
-        checkpoint.training_state(self.model).update(self._saved["training_state"])
+        checkpoint.training_state(self.model).update(saved["training_state"])
 
-    def sync(self):
+    def sync(self) -> None:
         """Every rank takes rank 0's weights, optimizer state, epoch and position; then commits them."""
         distributed.broadcast_variables(self._variables(), root_rank=0)
         meta = distributed.broadcast_object((self.epoch, self.position, dict(checkpoint.training_state(self.model))))
@@ -71,18 +87,18 @@ class ElasticState:
         checkpoint.training_state(self.model).update(meta[2])
         self.save()
 
-    def commit(self):
+    def commit(self) -> None:
         self.save()
         self.check_host_updates()
 
     # Horovod's notification service calls these two (the listener protocol of its elastic State).
-    def on_hosts_updated(self, timestamp, update_res):
+    def on_hosts_updated(self, timestamp: float, update_res: int) -> None:
         self._messages.put((timestamp, update_res))
 
-    def on_reset(self):
+    def on_reset(self) -> None:
         self._messages = queue.Queue()
 
-    def check_host_updates(self):
+    def check_host_updates(self) -> None:
         """Raises `HostsUpdatedInterrupt` on every rank at once when the driver announced new hosts."""
         _, _, interrupt, update_result = distributed.elastic_api()
         newest, update = self._last_update, update_result.no_update
@@ -96,11 +112,11 @@ class ElasticState:
             raise interrupt(update == update_result.removed)
 
 
-def _is_lost_rank(error):
+def _is_lost_rank(error: BaseException) -> bool:
     return _HOROVOD_OP.search(str(error)) is not None
 
 
-def run(state, train):
+def run(state: ElasticState, train: Callable[[ElasticState], _T]) -> _T:
     """Calls `train(state)` until it returns, re-forming the ring whenever ranks leave or join.
 
     On a lost rank (a collective fails) the state goes back to its last commit; on new hosts (announced

@@ -66,7 +66,9 @@ def elastic_fit(model, dataset, *, epochs, validation_data=None, initial_epoch=0
         commit_every: steps between commits; fewer loses less work, more costs less. Defaults to `20`.
         callbacks: Keras callbacks for each epoch's `fit`. Defaults to `None`.
         verbose: `fit`'s verbosity. Defaults to `None`: progress on rank 0 only.
-        workers, use_multiprocessing, max_queue_size: the FastLoader's settings.
+        workers: the FastLoader's workers. Defaults to `None`: one per usable CPU core.
+        use_multiprocessing: the FastLoader's processes (`True`) or threads. Defaults to `True`.
+        max_queue_size: the FastLoader's queue depth. Defaults to `None`: twice the workers, at least 4.
 
     Returns:
         The `ElasticState`: `epoch`, and `resets`, one entry per membership change.
@@ -93,19 +95,21 @@ def elastic_fit(model, dataset, *, epochs, validation_data=None, initial_epoch=0
     def train(state):
         # A new ring may have another size: trace the train step again rather than reuse the old one.
         model.train_function = None
+        def loader_of(data):
+            return FastLoader(data, workers=workers, use_multiprocessing=use_multiprocessing,
+                              max_queue_size=max_queue_size)
+
         while state.epoch < epochs:
             size = distributed.size()
             if len(dataset) - state.position < size:  # fewer batches left than ranks: the epoch is done
                 state.epoch, state.position = state.epoch + 1, 0
                 state.commit()
                 continue
-            settings = {"workers": workers, "use_multiprocessing": use_multiprocessing,
-                        "max_queue_size": max_queue_size}
             shard = _EpochShard(dataset, state.epoch, distributed.rank(), size, state.position)
             # Validation is split over this epoch's ranks too (FastLoader shards by the current size).
-            val = FastLoader(validation_data, **settings) if validation_data is not None else None
+            val = loader_of(validation_data) if validation_data is not None else None
             try:
-                with FastLoader(shard, **settings) as loader:
+                with loader_of(shard) as loader:
                     model.fit(loader, validation_data=val, initial_epoch=state.epoch, epochs=state.epoch + 1,
                               verbose=distributed.verbose() if verbose is None else verbose,
                               callbacks=[_Commit(state, commit_every, size, len(loader)), *callbacks])

@@ -6,7 +6,8 @@ from keras import ops
 from kfast._core.checks import check_int
 from kfast.distributed import _horovod as distributed
 
-_COMPRESSIONS = (None, "fp16")
+# What `compression=` accepts (kfast.plan too): None sends gradients as they are, "fp16" as float16.
+COMPRESSIONS = (None, "fp16")
 
 
 @keras.saving.register_keras_serializable(package="kfast")
@@ -46,7 +47,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def __init__(self, optimizer, *, compression=None, backward_passes_per_step=1, name=None):
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise ValueError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer; got {type(optimizer).__name__}.")
-        if compression not in _COMPRESSIONS:
+        if compression not in COMPRESSIONS:
             raise ValueError(f"DistributedOptimizer got compression={compression!r}; use None or 'fp16'.")
         check_int("DistributedOptimizer", "backward_passes_per_step", backward_passes_per_step,
                   hint="1 applies every batch")

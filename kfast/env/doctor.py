@@ -4,9 +4,13 @@ Each check records what it found; each problem carries its fix and a severity. A
 required piece is broken (the CLI then exits non-zero); a "warning" means something optional is missing.
 """
 
+from __future__ import annotations
+
 import os
 import platform
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from kfast import nvml
 from kfast._core.cpus import usable_cpus
@@ -24,11 +28,11 @@ _GPU_BUILDS = {
 }
 
 
-def _problem(report, severity, problem, fix):
+def _problem(report: dict[str, Any], severity: str, problem: str, fix: str) -> None:
     report["problems"].append({"severity": severity, "problem": problem, "fix": fix})
 
 
-def _check_keras(report):
+def _check_keras(report: dict[str, Any]) -> str | None:
     try:
         import keras
     except Exception as e:  # noqa: BLE001 - a broken install is what doctor reports
@@ -43,7 +47,7 @@ def _check_keras(report):
     return backend
 
 
-def _check_tensorflow(report, backend):
+def _check_tensorflow(report: dict[str, Any], backend: str | None) -> str | None:
     try:
         import tensorflow as tf
     except Exception as e:  # noqa: BLE001
@@ -57,7 +61,7 @@ def _check_tensorflow(report, backend):
     return tf.__version__
 
 
-def _backend_gpus(backend):
+def _backend_gpus(backend: str) -> int | None:
     """The number of GPUs JAX or PyTorch can use, or None when that cannot be told."""
     try:
         if backend == "jax":
@@ -73,7 +77,7 @@ def _backend_gpus(backend):
     return None
 
 
-def _check_backend(report, backend, tf_version):
+def _check_backend(report: dict[str, Any], backend: str, tf_version: str | None) -> None:
     """Records what kfast can do on Keras's backend, and the GPUs a JAX or PyTorch backend sees."""
     distributed = backend == "tensorflow" and tf_version is not None
     report["keras"]["works"] = list(EVERY_BACKEND) + (["kfast.distributed"] if distributed else [])
@@ -89,7 +93,7 @@ def _check_backend(report, backend, tf_version):
              "Horovod (bash scripts/install_horovod.sh) installed")
 
 
-def _check_tensorboard(report, tf_version, backend="tensorflow"):
+def _check_tensorboard(report: dict[str, Any], tf_version: str | None, backend: str | None = "tensorflow") -> None:
     version = _dist_version("tensorboard")
     report["tensorboard"] = {"version": version}
     if tf_version is None and backend != "tensorflow":
@@ -105,7 +109,7 @@ def _check_tensorboard(report, tf_version, backend="tensorflow"):
                  "released together and should match.", f"pip install {pin}")
 
 
-def _check_horovod(report, tf_version, backend="tensorflow"):
+def _check_horovod(report: dict[str, Any], tf_version: str | None, backend: str | None = "tensorflow") -> None:
     info = horovod_build()
     info["tensorflow_matches"] = None
     if info["built_for_tensorflow"] and tf_version:
@@ -129,7 +133,7 @@ def _check_horovod(report, tf_version, backend="tensorflow"):
                  "rebuild it: bash scripts/install_horovod.sh")
 
 
-def _check_gpus(report):
+def _check_gpus(report: dict[str, Any]) -> None:
     report["nvidia_ml_py"] = {"version": _dist_version("nvidia-ml-py"), "driver": None}
     try:
         report["nvidia_ml_py"]["driver"] = nvml.driver_version()
@@ -146,13 +150,13 @@ def _check_gpus(report):
                  "so training runs on CPU.", _GPU_BUILDS[backend])
 
 
-def _check_platform(report, system=sys.platform):
+def _check_platform(report: dict[str, Any], system: str = sys.platform) -> None:
     if system != "linux":
         _problem(report, "error", f"kfast runs on Linux only (its worker processes start from a fork server, use "
                  f"/dev/shm and CPU affinity); this is {system}.", "run kfast on Linux, or in a Linux container")
 
 
-def collect():
+def collect() -> dict[str, Any]:
     """Runs every check.
 
     Returns:
@@ -170,7 +174,7 @@ def collect():
     """
     from kfast._version import __version__
 
-    report = {
+    report: dict[str, Any] = {
         "kfast": __version__,
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "platform": platform.platform(),
@@ -189,7 +193,7 @@ def collect():
     return report
 
 
-def check_hosts(report, names):
+def check_hosts(report: dict[str, Any], names: Sequence[str]) -> None:
     """Adds to `report` the checks `kfast launch` runs on hosts `names` before starting horovodrun.
 
     Stores `kfast.env.preflight.check`'s result under `hosts`; each problem it finds is an error.
@@ -202,15 +206,15 @@ def check_hosts(report, names):
         _problem(report, "error", f"{p['host']}: {p['problem']}.", p["fix"])
 
 
-def has_errors(report):
+def has_errors(report: dict[str, Any]) -> bool:
     return any(p["severity"] == "error" for p in report["problems"])
 
 
-def _or(value, missing="not installed"):
+def _or(value: object, missing: str = "not installed") -> object:
     return missing if value is None else value
 
 
-def format_report(report):
+def format_report(report: dict[str, Any]) -> str:
     """Returns the report as aligned text lines for a terminal."""
     tf = report["tensorflow"]
     keras = report["keras"]

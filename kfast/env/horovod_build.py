@@ -1,22 +1,25 @@
 """What the installed Horovod was built with, read without starting it (for `kfast doctor` and the
 launch preflight)."""
 
+from __future__ import annotations
+
 import importlib.metadata
 import importlib.util
 import json
 import os
+from typing import Any
 
 from kfast.distributed import _horovod
 
 
-def _dist_version(name):
+def _dist_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def horovod_build():
+def horovod_build() -> dict[str, Any]:
     """Describes the installed Horovod without starting it.
 
     Returns:
@@ -24,7 +27,7 @@ def horovod_build():
         binary was compiled against), `gloo`, `mpi`, `nccl`, `cuda` (bools) and `error` (why the
         TensorFlow extension cannot load, or None).
     """
-    info = {"installed": False, "version": None, "built_for_tensorflow": None, "gloo": None,
+    info: dict[str, Any] = {"installed": False, "version": None, "built_for_tensorflow": None, "gloo": None,
             "mpi": None, "nccl": None, "cuda": None, "error": None}
     spec = importlib.util.find_spec("horovod")
     if spec is None:
@@ -36,7 +39,7 @@ def horovod_build():
     except importlib.metadata.PackageNotFoundError:
         pass
     try:
-        with open(os.path.join(list(spec.submodule_search_locations)[0], "metadata.json")) as f:
+        with open(os.path.join(list(spec.submodule_search_locations or ())[0], "metadata.json")) as f:
             info["built_for_tensorflow"] = json.load(f).get("tensorflow")
     except (OSError, ValueError):
         pass

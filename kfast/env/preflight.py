@@ -16,6 +16,8 @@ becomes one line naming the host and the fix:
 - a network interface name is common to all hosts; Horovod needs one, and Gloo uses it.
 """
 
+from __future__ import annotations
+
 import concurrent.futures
 import ipaddress
 import json
@@ -25,6 +27,10 @@ import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Any
 
 PROBE_TIMEOUT_S = 90  # the probe imports TensorFlow: seconds on a busy machine
 SSH_CONNECT_TIMEOUT_S = 10
@@ -36,15 +42,17 @@ _VERSIONS = [("kfast", "kfast"), ("keras", "Keras"), ("tensorflow", "TensorFlow"
              ("python", "Python")]
 _SAME_ENV_FIX = ("install the same versions on every host (the same environment at the same path: "
                  "`make setup`, or `pip install -c constraints.txt -e .[cpu]` and `bash scripts/install_horovod.sh`)")
+# How the checks record a problem: problem(host, text, fix).
+_Problem = Callable[[str, str | None, str | None], None]
 
 
-def host_names(hosts=None, hostfile=None):
+def host_names(hosts: str | None = None, hostfile: str | None = None) -> list[str]:
     """The host names of `-H host:slots,...` or of a horovodrun host file (`host slots=N` lines), in order.
 
     Raises:
         ValueError: for a host file that cannot be read.
     """
-    names = []
+    names: list[str] = []
     if hosts:
         names = [h.rsplit(":", 1)[0] for h in hosts.split(",") if h]
     elif hostfile:
@@ -57,20 +65,21 @@ def host_names(hosts=None, hostfile=None):
     return list(dict.fromkeys(names))
 
 
-def _local_addresses():
+def _local_addresses() -> set[str]:
     import psutil
 
     return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}
 
 
-def _resolve(name):
+def _resolve(name: str) -> list[str]:
     try:
-        return sorted({info[4][0] for info in socket.getaddrinfo(name, None, socket.AF_INET)})
+        # An AF_INET address is an (address, port) pair; str() says so to the type checker.
+        return sorted({str(info[4][0]) for info in socket.getaddrinfo(name, None, socket.AF_INET)})
     except OSError:
         return []
 
 
-def is_local(name):
+def is_local(name: str) -> bool:
     """True when `name` is this host (horovodrun then starts its ranks here, without ssh)."""
     try:
         return socket.gethostbyname(name) in _local_addresses()  # as horovodrun decides
@@ -78,7 +87,7 @@ def is_local(name):
         return False
 
 
-def needed(names):
+def needed(names: Iterable[str]) -> bool:
     """True when a host other than this one takes part: only then can hosts disagree."""
     return any(not is_local(name) for name in names)
 
@@ -86,12 +95,13 @@ def needed(names):
 # -- the probe, run on each host ---------------------------------------------------------------------
 
 
-def _interfaces():
+def _interfaces() -> tuple[dict[str, list[str]], list[str]]:
     """({name: [IPv4 addresses]} of the interfaces that are up and not loopback, [loopback addresses])."""
     import psutil
 
     stats = psutil.net_if_stats()
-    network, loopback = {}, []
+    network: dict[str, list[str]] = {}
+    loopback: list[str] = []
     for name, addrs in psutil.net_if_addrs().items():
         ipv4 = [a.address for a in addrs if a.family == socket.AF_INET]
         st = stats.get(name)
@@ -102,10 +112,10 @@ def _interfaces():
     return network, loopback
 
 
-def probe(directory):
+def probe(directory: str) -> dict[str, Any]:
     """What the checks need to know about this host (JSON-serialisable)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    facts = {"hostname": socket.gethostname(), "directory": directory,
+    facts: dict[str, Any] = {"hostname": socket.gethostname(), "directory": directory,
              "directory_exists": os.path.isdir(directory), "executable": sys.executable,
              "versions": {"python": platform.python_version()}}
     facts["hostname_addresses"] = _resolve(facts["hostname"])
@@ -127,11 +137,12 @@ def probe(directory):
     return facts
 
 
-def _probe_command(directory, python):
+def _probe_command(directory: str, python: str) -> list[str]:
     return [python, "-m", "kfast.env.preflight", directory]
 
 
-def _run_probe(name, directory, python, local):
+def _run_probe(name: str, directory: str, python: str,
+               local: bool) -> tuple[dict[str, Any] | None, str | None, str | None]:
     """Runs the probe on host `name`; returns (facts or None, problem or None, fix or None)."""
     cmd = _probe_command(directory, python)
     if not local:
@@ -152,7 +163,7 @@ def _run_probe(name, directory, python, local):
     if not local and proc.returncode == 255:
         return None, f"is not reachable over ssh ({last})", (
             f"make `ssh {name} true` work from this host without a password prompt (an ssh key in "
-            f"{name}'s ~/.ssh/authorized_keys; see README 'Many hosts')")
+            f"{name}'s ~/.ssh/authorized_keys; see the many-hosts guide, docs/many-hosts.md)")
     if proc.returncode == 127 or "No such file or directory" in last:
         return None, f"has no {python} ({last})", (
             "install the same Python environment at the same path on every host")
@@ -165,7 +176,7 @@ def _run_probe(name, directory, python, local):
 # -- the checks ---------------------------------------------------------------------------------------
 
 
-def _is_loopback(address, facts):
+def _is_loopback(address: str, facts: dict[str, Any]) -> bool:
     try:
         loop = ipaddress.ip_address(address).is_loopback
     except ValueError:
@@ -174,7 +185,7 @@ def _is_loopback(address, facts):
     return not on_network and (loop or address in facts["loopback_addresses"])
 
 
-def check(names, directory=None, python=None):
+def check(names: Sequence[str], directory: str | None = None, python: str | None = None) -> dict[str, Any]:
     """Runs every check on hosts `names` from this one.
 
     Args:
@@ -198,10 +209,10 @@ def check(names, directory=None, python=None):
     python = python or sys.executable
     this = socket.gethostname()
     local = {name: is_local(name) for name in names}
-    result = {"this_host": this, "directory": directory, "hosts": {}, "problems": [], "interface": None,
+    result: dict[str, Any] = {"this_host": this, "directory": directory, "hosts": {}, "problems": [], "interface": None,
               "notes": []}
 
-    def problem(host, text, fix):
+    def problem(host: str, text: str | None, fix: str | None) -> None:
         result["problems"].append({"host": host, "problem": text, "fix": fix})
 
     targets = [None, *[n for n in names if not local[n]]]  # None: this host, probed once
@@ -239,7 +250,7 @@ def check(names, directory=None, python=None):
     return result
 
 
-def _check_hostnames(result, names, problem):
+def _check_hostnames(result: dict[str, Any], names: Iterable[str], problem: _Problem) -> None:
     for name in names:
         facts = result["hosts"].get(name)
         if not facts:
@@ -257,7 +268,7 @@ def _check_hostnames(result, names, problem):
                     f"map {own} to {where} in /etc/hosts on {name} instead")
 
 
-def _check_interfaces(result, names, problem):
+def _check_interfaces(result: dict[str, Any], names: Sequence[str], problem: _Problem) -> None:
     found = {name: result["hosts"][name]["interfaces"] for name in names if result["hosts"].get(name)}
     if len(found) < len(names) or not found:
         return
@@ -277,14 +288,14 @@ def _check_interfaces(result, names, problem):
             f"uses the first (run horovodrun with --network-interface NAME to choose).")
 
 
-def problem_lines(result):
+def problem_lines(result: dict[str, Any]) -> list[str]:
     """One line per problem: `host: problem; fix: ...`."""
     return [f"{p['host']}: {p['problem']}; fix: {p['fix']}." for p in result["problems"]]
 
 
-def host_lines(result):
+def host_lines(result: dict[str, Any]) -> list[str]:
     """One line per host saying what its probe found (for `kfast doctor --hosts`)."""
-    lines = []
+    lines: list[str] = []
     for name, facts in result["hosts"].items():
         if facts is None:
             lines.append(f"{name}: no answer")
@@ -298,7 +309,7 @@ def host_lines(result):
     return lines
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """The probe's entry point on a host: prints this host's facts for the launching host to read."""
     argv = sys.argv[1:] if argv is None else argv
     print(_MARK + json.dumps(probe(argv[0] if argv else os.getcwd())), flush=True)

@@ -16,6 +16,8 @@ the backward pass can hide up to the backward share of compute (about 2/3: backw
 the forward). The two are the ends of the predicted range.
 """
 
+from __future__ import annotations
+
 import math
 import re
 
@@ -27,7 +29,7 @@ _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, 
 _TIME_DIVISORS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}  # dividing keeps 20us exactly 2e-05
 
 
-def parse_bandwidth(text):
+def parse_bandwidth(text: str | float) -> float:
     """Bytes per second from `"10Gbit"`, `"25 Gbit/s"`, `"10Gbps"`, `"100Mbit"`, `"1.25GB/s"` (B/s is bytes).
 
     Example:
@@ -38,15 +40,15 @@ def parse_bandwidth(text):
     match = re.fullmatch(r"\s*([0-9.]+(?:e[0-9+-]+)?)\s*([kmgt]?(?:bit|b))(/s|ps)?\s*", str(text), re.IGNORECASE)
     # "bit" and "bps" mean bits (the network habit: 10Gbps); a bare "B" means bytes, whatever the case.
     key = match.group(2).lower() if match else None
-    if key and match.group(3) and match.group(3).lower() == "ps" and not key.endswith("bit"):
+    if match and key and match.group(3) and match.group(3).lower() == "ps" and not key.endswith("bit"):
         key = key[:-1] + "bit"
-    if key not in _RATE_UNITS or float(match.group(1)) <= 0:
+    if match is None or key not in _RATE_UNITS or float(match.group(1)) <= 0:
         raise ValueError(f"bandwidth {text!r} is not a rate; expected a number and a unit such as 10Gbit, "
                          "25Gbit/s, 100Mbit or 1.25GB/s.")
     return float(match.group(1)) * _RATE_UNITS[key]
 
 
-def parse_latency(text):
+def parse_latency(text: str | float) -> float:
     """Seconds from `"20us"`, `"1.5ms"`, `"0.002s"`.
 
     Example:
@@ -61,7 +63,7 @@ def parse_latency(text):
     return float(match.group(1)) / _TIME_DIVISORS[match.group(2).lower()]
 
 
-def ring_seconds(nbytes, ranks, bandwidth, latency, messages=1):
+def ring_seconds(nbytes: float, ranks: int, bandwidth: float, latency: float, messages: int = 1) -> float:
     """Seconds of one ring-allreduce of `nbytes` over `ranks`, sent as `messages` fused buffers.
 
     Example:
@@ -74,28 +76,29 @@ def ring_seconds(nbytes, ranks, bandwidth, latency, messages=1):
     return 2 * (ranks - 1) * latency * messages + 2 * (ranks - 1) / ranks * nbytes / bandwidth
 
 
-def server_seconds(nbytes, ranks, bandwidth, latency, servers=1, messages=1):
+def server_seconds(nbytes: float, ranks: int, bandwidth: float, latency: float, servers: int = 1,
+                   messages: int = 1) -> float:
     """Seconds of one push-and-pull of `nbytes` per worker through `servers` parameter-server shards."""
     if ranks <= 1:
         return 0.0
     return 2 * latency * messages + 2 * max(nbytes, ranks * nbytes / servers) / bandwidth
 
 
-def step_range(compute, exchange):
+def step_range(compute: float, exchange: float) -> tuple[float, float]:
     """(fastest, slowest) step seconds: the exchange hidden behind the backward pass as far as it can be,
     and not hidden at all (kfast's case)."""
     hidden = min(exchange, BACKWARD_SHARE * compute)
     return compute + exchange - hidden, compute + exchange
 
 
-def human_bytes(n):
+def human_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n:.0f} B"
 
 
-def human_rate(bytes_per_s):
+def human_rate(bytes_per_s: float) -> str:
     bits = bytes_per_s * 8
     for unit, size in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
         if bits >= size:
@@ -103,7 +106,7 @@ def human_rate(bytes_per_s):
     return f"{bits:.3g} bit/s"
 
 
-def human_seconds(s):
+def human_seconds(s: float) -> str:
     if s >= 1:
         return f"{s:.3g} s"
     if s >= 1e-3:
@@ -111,7 +114,7 @@ def human_seconds(s):
     return f"{s * 1e6:.3g} us"
 
 
-def needed_compute(exchange, target):
+def needed_compute(exchange: float, target: float) -> float:
     """Compute seconds per step at which an un-overlapped exchange of `exchange` seconds leaves efficiency
     `target`: compute / (compute + exchange) = target."""
     return math.inf if target >= 1 else exchange * target / (1 - target)

@@ -7,11 +7,14 @@ rank 0 prints the median seconds per size as JSON. On 2 ranks a ring-allreduce o
 bandwidth from the slope over the large ones.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -20,7 +23,7 @@ _SIZES = [4, 64, 1024, 16384, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26]  # 4 
 _NEXT_MAX_S = 2.0
 
 
-def fit(seconds_by_size):
+def fit(seconds_by_size: dict[int, float]) -> tuple[float, float]:
     """(latency seconds, bandwidth bytes/s) from `{bytes: seconds}` of 2-rank allreduces.
 
     Example:
@@ -42,15 +45,15 @@ def fit(seconds_by_size):
     return round(latency, 9), round(float(1 / slope), 3)
 
 
-def _probe(repeats=5):
+def _probe(repeats: int = 5) -> None:
     import kfast
 
     kfast.distributed.init()
-    times = {}
+    times: dict[int, float] = {}
     for size, following in zip(_SIZES, _SIZES[1:] + [0]):
         buf = np.ones(size // 4, dtype="float32")
         kfast.distributed.allreduce_average([buf])  # warm: the first of a size sets up the buffers
-        samples = []
+        samples: list[float] = []
         for _ in range(repeats):
             start = time.perf_counter()
             kfast.distributed.allreduce_average([buf])
@@ -64,7 +67,8 @@ def _probe(repeats=5):
         print(_MARK + json.dumps(times), flush=True)
 
 
-def measure(hosts, *, timeout=180, horovodrun=None):
+def measure(hosts: Sequence[str], *, timeout: float = 180,
+            horovodrun: str | None = None) -> tuple[float, float, dict[int, float]]:
     """Runs the probe between the first two of `hosts` and returns `(latency_s, bandwidth_bytes_per_s, times)`.
 
     Raises:
@@ -81,7 +85,7 @@ def measure(hosts, *, timeout=180, horovodrun=None):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"the link probe between {hosts[0]} and {hosts[1]} took over {timeout} s: "
-                           f"{' '.join(cmd)}\n{e.stdout}\n{e.stderr}") from e
+                           f"{' '.join(cmd)}\n{e.stdout!r}\n{e.stderr!r}") from e
     for line in proc.stdout.splitlines():
         if _MARK in line:
             times = {int(k): v for k, v in json.loads(line.split(_MARK, 1)[1]).items()}

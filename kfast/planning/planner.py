@@ -5,23 +5,45 @@ per training step and gradient bytes per step; takes the links' bandwidth and la
 measured between hosts by `kfast.planning.link_probe`); and applies the cost model in `kfast.planning.cost_model`.
 """
 
+from __future__ import annotations
+
 import json
 import math
 import os
+from collections.abc import Iterable
+from typing import Any
+from typing import TypedDict
 
 import keras
 import numpy as np
 
 from kfast.planning import cost_model
+from kfast._core import fit_timing
 from kfast._core.checks import check_int
 from kfast._core.cpus import doublings
+from kfast.data import structure
+from kfast.distributed.optimizer import COMPRESSIONS
 from kfast._core.checks import check_number
 
 # Horovod fuses tensors into buffers of this size (HOROVOD_FUSION_THRESHOLD, bytes) before sending.
 _FUSION_DEFAULT = 128 * 1024 * 1024
-_COMPRESSIONS = (None, "fp16")
 # Past this, "use a larger batch" stops being advice: memory and convergence rule it out.
 _MOST_BATCH_FACTOR = 32
+
+
+class PlanRow(TypedDict):
+    """One row of `Plan.rows`: the prediction for one number of ranks (a plain dict at run time)."""
+
+    ranks: int
+    exchange_s: float
+    step_s: float
+    step_overlap_s: float
+    samples_per_s: float
+    efficiency: float
+    efficiency_overlap: float
+    server_step_s: float
+    server_efficiency: float
+    link_bytes: float
 
 
 class Plan:
@@ -38,23 +60,25 @@ class Plan:
         measured: `{ranks: seconds per step}` from real runs, drawn beside the prediction (optional).
     """
 
-    def __init__(self, *, name, parameters, gradient_bytes, dtype, messages, compute_s, batch_size, bandwidth,
-                 latency, link_source, ranks, compression, servers, threshold, accumulation=1):
+    def __init__(self, *, name: str, parameters: int, gradient_bytes: int, dtype: str, messages: int,
+                 compute_s: float, batch_size: int, bandwidth: float, latency: float, link_source: str,
+                 ranks: Iterable[int], compression: str | None, servers: int, threshold: float,
+                 accumulation: int = 1) -> None:
         self.name, self.parameters, self.gradient_bytes, self.dtype = name, parameters, gradient_bytes, dtype
         self.messages, self.compute_s, self.batch_size = messages, compute_s, batch_size
         self.bandwidth, self.latency, self.link_source = bandwidth, latency, link_source
         self.compression, self.servers, self.threshold, self.accumulation = compression, servers, threshold, accumulation
-        self.measured = {}
+        self.measured: dict[int, float] = {}
         self.rows = [self._row(n) for n in ranks]
         self.advice = self._advise()
 
-    def _exchange(self, n, nbytes=None, accumulation=None):
+    def _exchange(self, n: int, nbytes: float | None = None, accumulation: int | None = None) -> float:
         nbytes = self.gradient_bytes if nbytes is None else nbytes
         # With gradient accumulation the exchange happens once every `accumulation` steps.
         return cost_model.ring_seconds(nbytes, n, self.bandwidth, self.latency, self.messages) / (
             accumulation or self.accumulation)
 
-    def _row(self, n):
+    def _row(self, n: int) -> PlanRow:
         exchange = self._exchange(n)
         fast, slow = cost_model.step_range(self.compute_s, exchange)
         server = self.compute_s + cost_model.server_seconds(self.gradient_bytes, n, self.bandwidth, self.latency,
@@ -65,11 +89,11 @@ class Plan:
                 "server_efficiency": self.compute_s / server,
                 "link_bytes": 2 * (n - 1) / n * self.gradient_bytes if n > 1 else 0.0}
 
-    def row(self, ranks):
+    def row(self, ranks: int) -> PlanRow:
         """The prediction for `ranks` (computed for any number, not only the table's)."""
         return self._row(ranks)
 
-    def _advise(self):
+    def _advise(self) -> list[str]:
         largest = self.rows[-1]
         if largest["efficiency"] >= self.threshold:
             return [f"scales well: {largest['efficiency']:.0%} efficiency at {largest['ranks']} ranks "
@@ -104,7 +128,7 @@ class Plan:
             out.append(f"as it is, no rank count above 1 reaches {self.threshold:.0%} efficiency on this link.")
         return out
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         return {"model": self.name, "parameters": self.parameters, "gradient_bytes": self.gradient_bytes,
                 "dtype": self.dtype, "messages": self.messages, "compute_s": self.compute_s,
                 "batch_size": self.batch_size, "bandwidth_bytes_per_s": self.bandwidth, "latency_s": self.latency,
@@ -112,10 +136,10 @@ class Plan:
                 "backward_passes_per_step": self.accumulation, "rows": self.rows, "advice": self.advice,
                 "measured": {str(k): v for k, v in self.measured.items()}}
 
-    def to_json(self):
+    def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def __str__(self):
+    def __str__(self) -> str:
         h = cost_model.human_seconds
         compressed = " (fp16 compression)" if self.compression else ""
         lines = [
@@ -138,7 +162,7 @@ class Plan:
         lines += ["", "What to change:"] + [f"  - {a}" for a in self.advice]
         return "\n".join(lines)
 
-    def plot(self, path):
+    def plot(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
         """Writes efficiency and throughput against ranks (log axes) for both strategies as a PNG."""
         from kfast.planning import plot
 
@@ -146,9 +170,10 @@ class Plan:
         return path
 
 
-def gradient_size(model, compression=None):
+def gradient_size(model: keras.Model, compression: str | None = None) -> tuple[int, int, str]:
     """(trainable values, bytes exchanged per step, dtype name) for `model`'s trainable variables."""
-    values, nbytes, dtypes = 0, 0, set()
+    values, nbytes = 0, 0
+    dtypes: set[str] = set()
     for v in model.trainable_variables:
         n = int(np.prod(v.shape))
         dtype = np.dtype(keras.backend.standardize_dtype(v.dtype))
@@ -158,7 +183,7 @@ def gradient_size(model, compression=None):
     return values, nbytes, "/".join(sorted(dtypes)) or "none"
 
 
-def _synthetic_batch(model, batch_size, seed=0):
+def _synthetic_batch(model: keras.Model, batch_size: int, seed: int = 0) -> tuple[Any, np.ndarray]:
     """A batch of random inputs (and integer labels of the output's width) for a model with an Input."""
     if not getattr(model, "inputs", None):
         raise ValueError("kfast.plan got a model without inputs it can read (no keras.Input) and no dataset; "
@@ -171,8 +196,10 @@ def _synthetic_batch(model, batch_size, seed=0):
     return (xs[0] if len(xs) == 1 else xs), y
 
 
-def plan(model, dataset=None, *, ranks=None, bandwidth=None, latency=None, compression=None, servers=1,
-         batch_size=32, threshold=0.8, steps=10, link_source=None):
+def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None = None,
+         bandwidth: float | str | None = None, latency: float | str | None = None, compression: str | None = None,
+         servers: int = 1, batch_size: int = 32, threshold: float = 0.8, steps: int = 10,
+         link_source: str | None = None) -> Plan:
     """Predicts step time, throughput and scaling efficiency of `model` on 1..N ranks.
 
     Measures compute seconds per step on this machine (fit's own train step on one cached batch; the
@@ -209,9 +236,8 @@ def plan(model, dataset=None, *, ranks=None, bandwidth=None, latency=None, compr
     """
     from kfast.diagnosis import measure
 
-    if not getattr(model, "compiled", False) or model.optimizer is None:
-        raise ValueError("kfast.plan needs a compiled model: call model.compile(optimizer, loss) first.")
-    if compression not in _COMPRESSIONS:
+    fit_timing.check_model("kfast.plan", model, built=False)  # without a dataset: needs a keras.Input, below
+    if compression not in COMPRESSIONS:
         raise ValueError(f"kfast.plan got compression={compression!r}; use None or 'fp16'.")
     check_int("kfast.plan", "servers", servers)
     check_int("kfast.plan", "batch_size", batch_size)
@@ -229,8 +255,7 @@ def plan(model, dataset=None, *, ranks=None, bandwidth=None, latency=None, compr
     accumulation = getattr(optimizer, "backward_passes_per_step", 1)
     compression = compression or getattr(optimizer, "compression", None)
     batch = measure.first_batch(dataset) if dataset is not None else _synthetic_batch(model, batch_size)
-    leaves = keras.tree.flatten(batch)
-    batch_size = int(np.shape(leaves[0])[0]) if leaves and np.ndim(leaves[0]) else 1
+    batch_size = structure.batch_size(batch)
     compute_s = float(np.median(measure.compute_seconds(model, batch, steps=steps)))
     parameters, nbytes, dtype = gradient_size(model, compression)
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _FUSION_DEFAULT)) or nbytes or 1

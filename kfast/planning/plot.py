@@ -4,12 +4,18 @@ Drawn on a `matplotlib.figure.Figure` with its own Agg canvas (no pyplot), so a 
 left alone.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kfast.planning.planner import Plan
 
 _RING, _OVERLAP, _SERVER, _MEASURED = "#4C72B0", "#8FAADC", "#C44E1A", "#2E6B30"
 
 
-def draw(plan, path):
+def draw(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Writes `plan` as a PNG to `path` (see `Plan.plot`)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

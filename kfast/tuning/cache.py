@@ -1,8 +1,13 @@
 """Where `kfast.tune` keeps its results: one JSON file per user, keyed by host and dataset signature.
 
 The cache only saves time: an entry that fails validation is ignored (and re-measured), and a cache that
-cannot be written costs a warning, never the measured result.
+cannot be written costs a warning, never the measured result. The file carries a format version
+(`{"version": 1, "entries": {key: entry}}`); a file without one is the earlier layout, whose entries are
+read as they are, and a file of a newer version is ignored with a warning (and rewritten in this one).
 """
+
+from __future__ import annotations
+
 
 import contextlib
 import json
@@ -12,6 +17,7 @@ import os
 import socket
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -19,17 +25,19 @@ from kfast._core.cpus import usable_cpus
 from kfast.data import structure
 
 _SETTINGS = ("workers", "use_multiprocessing", "max_queue_size", "batches_per_s")
+# The layout of tune.json this kfast writes; bump it when an entry changes meaning.
+VERSION = 1
 _unwritable_warned = set()  # cache paths already warned about, so a retuning loop warns once
 
 
-def cache_path():
+def cache_path() -> str:
     """`$KFAST_CACHE_DIR/tune.json`, else `$XDG_CACHE_HOME/kfast/tune.json`, else `~/.cache/kfast/tune.json`."""
     root = os.environ.get("KFAST_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kfast")
     return os.path.join(root, "tune.json")
 
 
-def signature(dataset, model=None):
+def signature(dataset: Any, model: Any = None) -> str:
     """A key naming this host and the dataset's class, length and first batch's structure and shapes, and
     the model (name and parameter count) when tuning measured training steps."""
     spec, leaves = structure.flatten(dataset[0])
@@ -39,12 +47,20 @@ def signature(dataset, model=None):
     return key if model is None else f"{key}|fit:{model.name}:{model.count_params()}"
 
 
-def _read(path, quiet=False):
+def _read(path: str, quiet: bool = False) -> dict[str, Any]:
+    """The entries in the cache file at `path` ({} when absent or unreadable, with a warning for the latter)."""
     try:
         with open(path) as f:
-            entries = json.load(f)
-        if not isinstance(entries, dict):
+            data = json.load(f)
+        if not isinstance(data, dict):
             raise ValueError("not a JSON object")
+        if "version" not in data:
+            return data  # the layout before versions: entries at the top level
+        if data["version"] != VERSION:
+            raise ValueError(f"format version {data['version']!r}, and this kfast reads version {VERSION}")
+        entries = data.get("entries")
+        if not isinstance(entries, dict):
+            raise ValueError("its entries are not a JSON object")
         return entries
     except (FileNotFoundError, NotADirectoryError):
         # Absent, or under a path that is not a directory: `store` says so if it cannot write there.
@@ -55,11 +71,11 @@ def _read(path, quiet=False):
         return {}
 
 
-def _positive_int(value, most):
+def _positive_int(value: object, most: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
 
 
-def _problem(entry, most_workers):
+def _problem(entry: object, most_workers: int) -> str | None:
     """Why `entry` is not a result `kfast.tune` could have written, or None when it is sound."""
     if not isinstance(entry, dict):
         return f"a {type(entry).__name__}, not an object"
@@ -87,7 +103,7 @@ def _problem(entry, most_workers):
     return None
 
 
-def load(key, most_workers=None):
+def load(key: str, most_workers: int | None = None) -> dict[str, Any] | None:
     """The cached entry for `key`, or None when there is none or it is malformed (with a warning).
 
     Args:
@@ -110,7 +126,7 @@ def load(key, most_workers=None):
     return entry
 
 
-def store(key, entry):
+def store(key: str, entry: dict[str, Any]) -> None:
     """Saves `entry` under `key`; warns once per cache path, instead of raising, when it cannot be written."""
     path = cache_path()
     # Quiet: `load` has already warned about an unreadable file (unless `force` skipped it to replace it).
@@ -122,7 +138,7 @@ def store(key, entry):
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "w") as f:
-            json.dump(entries, f, indent=1)
+            json.dump({"version": VERSION, "entries": entries}, f, indent=1)
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):

@@ -1,7 +1,13 @@
 """`kfast.tune` (defined here): pick FastLoader's workers, processes or threads, and queue depth by measuring."""
 
+from __future__ import annotations
+
 import contextlib
 import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
 
 from kfast._core.checks import check_int, check_number
 from kfast._core.cpus import doublings
@@ -9,46 +15,56 @@ from kfast._core.cpus import usable_cpus
 from kfast._core import fit_timing
 from kfast.tuning import cache as tune_cache
 from kfast.data.loader import FastLoader
+from kfast.data.settings import LoaderSettings
 
 
 class TuneResult:
     """The configuration `kfast.tune` chose, how fast it was, and every trial it measured.
 
     Attributes:
-        workers, use_multiprocessing, max_queue_size: the chosen FastLoader settings.
+        settings: the chosen `LoaderSettings` (`workers`, `use_multiprocessing`, `max_queue_size`, also
+            readable as attributes of the result).
         batches_per_s: the chosen configuration's measured throughput.
         trials: one dict per measurement (`workers`, `use_multiprocessing`, `max_queue_size`, `batches_per_s`).
         from_cache: True when read from the cache rather than measured now.
     """
 
-    def __init__(self, workers, use_multiprocessing, max_queue_size, batches_per_s, trials, from_cache=False):
-        self.workers, self.use_multiprocessing, self.max_queue_size = workers, use_multiprocessing, max_queue_size
+    def __init__(self, workers: int, use_multiprocessing: bool, max_queue_size: int, batches_per_s: float,
+                 trials: list[dict[str, Any]], from_cache: bool = False) -> None:
+        self.settings = LoaderSettings(workers, use_multiprocessing, max_queue_size)
         self.batches_per_s, self.trials, self.from_cache = batches_per_s, trials, from_cache
 
     @property
-    def settings(self):
-        return {"workers": self.workers, "use_multiprocessing": self.use_multiprocessing,
-                "max_queue_size": self.max_queue_size}
+    def workers(self) -> int:
+        return self.settings.workers
 
-    def loader(self, dataset, **kwargs):
+    @property
+    def use_multiprocessing(self) -> bool:
+        return self.settings.use_multiprocessing
+
+    @property
+    def max_queue_size(self) -> int:
+        return self.settings.max_queue_size
+
+    def loader(self, dataset: Any, **kwargs: Any) -> FastLoader:
         """Returns a FastLoader over `dataset` with the chosen settings (`shuffle`, `seed` pass through)."""
         return FastLoader(dataset, **self.settings, **kwargs)
 
-    def to_dict(self):
-        return {**self.settings, "batches_per_s": self.batches_per_s, "trials": self.trials}
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.settings.to_dict(), "batches_per_s": self.batches_per_s, "trials": self.trials}
 
-    def __str__(self):
+    def __str__(self) -> str:
         lines = [f"{'mode':<10} {'workers':>7} {'queue':>6} {'batches/s':>10}"]
         for t in self.trials:
             mode = "processes" if t["use_multiprocessing"] else "threads"
-            chosen = " <- chosen" if (t["workers"], t["use_multiprocessing"], t["max_queue_size"]) == (
-                self.workers, self.use_multiprocessing, self.max_queue_size) else ""
+            chosen = " <- chosen" if LoaderSettings.from_dict(t) == self.settings else ""
             lines.append(f"{mode:<10} {t['workers']:>7} {t['max_queue_size']:>6} {t['batches_per_s']:>10.1f}{chosen}")
         source = " (from cache)" if self.from_cache else ""
         return "\n".join(lines + [f"chosen: {self.settings}, {self.batches_per_s:.1f} batches/s{source}"])
 
 
-def measure_loader(dataset, workers, use_multiprocessing, max_queue_size, seconds=1.0):
+def measure_loader(dataset: Any, workers: int, use_multiprocessing: bool, max_queue_size: int,
+                   seconds: float = 1.0) -> float:
     """Batches/s of a FastLoader with these settings, after start-up and a warm-up of one queue's worth."""
     with FastLoader(dataset, workers=workers, use_multiprocessing=use_multiprocessing,
                     max_queue_size=max_queue_size) as loader:
@@ -73,7 +89,9 @@ def measure_loader(dataset, workers, use_multiprocessing, max_queue_size, second
         return done / (time.perf_counter() - start)
 
 
-def _search(measure, max_workers, *, target=None, budget_s=30, clock=time.monotonic, progress=None):
+def _search(measure: Callable[[int, bool, int], float], max_workers: int, *, target: float | None = None,
+            budget_s: float = 30, clock: Callable[[], float] = time.monotonic,
+            progress: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
     """Runs the search with `measure(workers, use_multiprocessing, max_queue_size) -> batches/s` and
     returns the `TuneResult`; `tune` passes real FastLoader bursts, tests pass scripted rates and clocks."""
     trials = []
@@ -112,7 +130,7 @@ def _search(measure, max_workers, *, target=None, budget_s=30, clock=time.monoto
                       trials)
 
 
-def _choose(trials):
+def _choose(trials: list[dict[str, Any]]) -> dict[str, Any]:
     """The cheapest trial within 5% of the fastest: fewer workers and a shorter queue leave CPU and memory
     to training, and a difference under 5% is within a burst's noise."""
     fastest = max(t["batches_per_s"] for t in trials)
@@ -120,8 +138,9 @@ def _choose(trials):
     return min(good, key=lambda t: (t["workers"], t["max_queue_size"], -t["batches_per_s"]))
 
 
-def tune(dataset, *, model=None, budget_s=30, max_workers=None, target_batches_per_s=None, force=False,
-         progress=None):
+def tune(dataset: Any, *, model: keras.Model | None = None, budget_s: float = 30, max_workers: int | None = None,
+         target_batches_per_s: float | None = None, force: bool = False,
+         progress: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
     """Finds the fastest FastLoader settings for `dataset` on this machine, by measuring.
 
     Tries threads, then processes, with 1, 2, 4, ... workers (up to `max_workers`), each in a short burst

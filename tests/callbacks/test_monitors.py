@@ -127,7 +127,7 @@ def test_run_first_moves_marked_callbacks_ahead_and_keeps_every_order():
     callbacks.on_train_begin()
     assert [getattr(c, "name", "history") for c in callbacks.callbacks] == ["a", "b", "logger", "other", "history"]
     assert [c.began for c in (a, b, logger, other)] == [1, 1, 1, 1]  # each hook ran once while the list moved
-    assert callback_order.run_first(a) is False  # called by hand: no list to reorder
+    assert callback_order.run_first(_Marked("alone")) == []  # in no list: nothing to reorder
 
 
 @pytest.mark.parametrize("monitors_first", [True, False], ids=["monitors-first", "monitors-last"])

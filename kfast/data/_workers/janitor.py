@@ -10,7 +10,7 @@ import atexit
 import os
 import shutil
 
-TEMP_DIR_VARIABLE = "KFAST_MP_TEMP_DIR"
+from kfast.data._workers.server_env import TEMP_DIR_VARIABLE
 
 
 def _remove(path, parent):

@@ -9,7 +9,7 @@ NOTE [Who owns what, and the shutdown order]
   clean interpreter that preloaded `kfast.data._workers.worker` (numpy only) and the module of what the workers
   load (the dataset, or its lighter `worker_dataset()`, see `_worker_form`), never from the training process.
 - `close()` (also run by a finalizer at exit or when the pool is garbage-collected) sends every worker
-  `None`, waits up to a second for all of them together, kills those still busy (a stuck `__getitem__`),
+  `Stop`, waits up to a second for all of them together, kills those still busy (a stuck `__getitem__`),
   closes the pipes and unlinks the segment; batches already handed out keep their mapping until freed.
 - If the training process dies without closing (SIGKILL, or a signal with no handler), every worker's
   lifeline pipe (whose only write end the training process held) reads end-of-file and the worker exits,
@@ -32,7 +32,9 @@ import weakref
 import cloudpickle
 
 from kfast.data._workers import interrupt
+from kfast.data._workers import messages
 from kfast.data._workers import ring as _ring
+from kfast.data._workers import server_env
 from kfast.data._workers import worker
 from kfast.data import structure
 from kfast.data._workers.worker_form import worker_form
@@ -47,8 +49,6 @@ _START_METHOD = "forkserver"
 _STALL_WARNING_S = 60.0
 _POLL_S = 0.25  # how often a wait looks at Ctrl-C, the timeout and the stall warning
 _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, the main thread's own KeyboardInterrupt gets this long first
-_PATH_VARIABLE = "KFAST_MP_SYS_PATH"  # read by kfast.data._workers.server_path in the fork server
-_TEMP_DIR_VARIABLE = "KFAST_MP_TEMP_DIR"  # read by kfast.data._workers.janitor in the fork server; never imported here
 
 
 class WorkerError(RuntimeError):
@@ -81,7 +81,8 @@ def _server_environment():
     Set only while processes start: other programs this process runs later must not inherit them (a
     Python child that imported `kfast.data._workers.server_path` would take on this process's path).
     """
-    values = {_TEMP_DIR_VARIABLE: multiprocessing.util.get_temp_dir(), _PATH_VARIABLE: json.dumps(sys.path)}
+    values = {server_env.TEMP_DIR_VARIABLE: multiprocessing.util.get_temp_dir(),
+              server_env.PATH_VARIABLE: json.dumps(sys.path)}
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
@@ -122,7 +123,7 @@ def _shutdown(processes, conns, state):
         state.pop("selector").close()
     for conn in conns:
         try:
-            conn.send(None)
+            conn.send(messages.Stop())
         except (OSError, ValueError):
             pass
     deadline = time.monotonic() + 1.0
@@ -201,7 +202,7 @@ class ProcessPool:
         self._slots, self._timeout = slots, timeout
         self._state = {"rings": [], "stacks": []}
         self._ring = self._make_ring(slot_bytes)
-        ring = (self._ring.name, self._ring.slot_bytes) if self._ring else (None, 0)
+        ring = self._ring_message()
         self._busy = {}  # seq -> (ring, slot) for tasks in flight that were lent a slot
         ctx = _context(dataset)
         self._processes, self._conns, self._stacks = [], [], self._state["stacks"]
@@ -249,11 +250,14 @@ class ProcessPool:
         _warn_shm("cannot hold two batches, so batches travel pickled (slower)", slot_bytes)
         return None
 
+    def _ring_message(self):
+        return messages.NewRing(self._ring.name, self._ring.slot_bytes) if self._ring else messages.NewRing(None, 0)
+
     def _grow(self, nbytes):
         """Replaces the ring by one whose slots hold `nbytes`; the old one lives on for its batches."""
         old = self._ring
         self._ring = self._make_ring(-(-nbytes // 4096) * 4096)
-        message = ("ring", self._ring.name, self._ring.slot_bytes) if self._ring else ("ring", None, 0)
+        message = self._ring_message()
         for conn in self._conns:
             conn.send(message)
         if old is not None:
@@ -265,12 +269,12 @@ class ProcessPool:
         slot = self._ring.acquire() if self._ring else -1
         if slot >= 0:
             self._busy[seq] = (self._ring, slot)
-        self._conns[w].send(("task", seq, index, epoch, slot))
+        self._conns[w].send(messages.Task(seq, index, epoch, slot))
 
     def update_dataset(self, dataset):
         payload = dumps(worker_form(dataset))
         for conn in self._conns:
-            conn.send(("dataset", payload))
+            conn.send(messages.NewDataset(payload))
 
     def _describe(self, seq):
         for w, pending in enumerate(self._pending):
@@ -293,10 +297,10 @@ class ProcessPool:
                 except (EOFError, OSError):
                     self._raise_dead(w)
                 self._started[w] = True
-                if reply[0] == "ready":
+                if isinstance(reply, messages.Ready):
                     continue
-                self._pending[w].pop(reply[1], None)
-                self._replies[reply[1]] = reply
+                self._pending[w].pop(reply.seq, None)
+                self._replies[reply.seq] = reply
             if seq in self._replies:
                 break
             for kind, w in ready:
@@ -322,22 +326,19 @@ class ProcessPool:
         raise WorkerError(f"FastLoader worker {w} (pid {p.pid}) {how}{where}. {hint}")
 
     def _decode(self, reply):
-        kind = reply[0]
-        ring, slot = self._busy.pop(reply[1], (None, -1))
-        if kind == "shm":
-            _, seq, spec, layout = reply
+        ring, slot = self._busy.pop(reply.seq, (None, -1))
+        if isinstance(reply, messages.InSharedMemory):
             self.shm_batches += 1
-            return structure.unflatten(spec, ring.export(slot, layout))
+            return structure.unflatten(reply.spec, ring.export(slot, reply.layout))
         if ring is not None:
             ring.give_back(slot)
-        if kind == "pickle":
-            _, _, batch, wanted = reply
+        if isinstance(reply, messages.Pickled):
             self.pickled_batches += 1
+            wanted = reply.wanted
             if wanted and (self._ring is None or wanted > self._ring.slot_bytes) and wanted * 2 <= _ring.free_bytes():
                 self._grow(wanted)  # a bigger batch than any before: later ones fit again
-            return batch
-        _, _, index, text = reply
-        raise WorkerError(f"FastLoader worker failed on batch index {index}; its traceback:\n{text}")
+            return reply.batch
+        raise WorkerError(f"FastLoader worker failed on batch index {reply.index}; its traceback:\n{reply.text}")
 
     def close(self):
         self._finalizer()

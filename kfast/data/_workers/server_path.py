@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-PATH_VARIABLE = "KFAST_MP_SYS_PATH"
+from kfast.data._workers.server_env import PATH_VARIABLE
 
 if __name__ != "__main__":
     _path = os.environ.get(PATH_VARIABLE)

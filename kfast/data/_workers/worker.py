@@ -1,17 +1,12 @@
 """The loop a FastLoader worker process runs. It imports numpy and kfast's data structure helpers only.
 
-A worker owns one end of a duplex pipe. It receives `("task", seq, index, epoch, slot)`,
-`("dataset", payload)` (a new pickled dataset after the parent ran an epoch hook), `("ring", name,
-slot_bytes)` (write into this segment from now on; name None: no ring) or `None` (stop). For each task
-it sends back one of:
-    ("shm", seq, spec, layout)         the batch's arrays were written into shared-memory slot `slot`
-                                       (straight from the dataset when it has `fill_batch`, see `_fill`)
-    ("pickle", seq, batch, nbytes)     the batch itself: not plain numeric arrays (nbytes 0), or no slot
-                                       was free or big enough (nbytes: the slot size it would need)
-    ("error", seq, index, text)        the dataset raised; `text` is the worker's formatted traceback
-and, once, `("ready", None)` when it has unpickled the dataset and is about to take tasks. It starts
-with `template`, batch 0's structure and layout, when the dataset's batches are numeric: a dataset with
-`fill_batch` then writes each batch into views of its slot laid out that way.
+A worker owns one end of a duplex pipe and speaks the messages of `messages`: it sends `Ready` once it has
+unpickled the dataset, then answers each `Task` with `InSharedMemory` (the batch's arrays were written
+into the task's slot, straight from the dataset when it has `fill_batch`, see `fill`), `Pickled` (not
+plain numeric arrays, or no slot free or big enough) or `Failed` (the dataset raised); `NewDataset` and
+`NewRing` change what it loads from and writes into, `Stop` ends it. It starts with `template`, batch 0's
+structure and layout, when the dataset's batches are numeric: a dataset with `fill_batch` then writes
+each batch into views of its slot laid out that way.
 
 On SIGUSR1 it writes its Python stack to `stack_conn` (faulthandler, which works even while the
 dataset's code is stuck), so the loader can say where a slow batch is.
@@ -27,8 +22,10 @@ import traceback
 
 import numpy as np
 
-from kfast.data._workers import fill
 from kfast.data import structure
+from kfast.data._workers import fill
+from kfast.data._workers import messages
+
 
 def _watch_parent(lifeline):
     # The training process holds the only write end of `lifeline` and never writes: end of file means it
@@ -78,35 +75,38 @@ def _attach(name):
     return shared_memory.SharedMemory(name=name)
 
 
-def _load(dataset, index, shm, slot, slot_bytes, template):
+def _load(dataset, task, shm, slot_bytes, template):
+    """Loads `task`'s batch and returns the reply that carries it."""
+    index, slot = task.index, task.slot
     fill_batch = fill.method(dataset) if template is not None else None
     if fill_batch is not None and shm is not None and slot >= 0:
         # Straight into the slot: the batch is written once, where the training process will read it.
         layout, _ = fill.fill(fill_batch, index, template, shm.buf, slot * slot_bytes)
-        return ("shm", None, template[0], layout)
+        return messages.InSharedMemory(task.seq, template[0], layout)
     batch = fill.new_batch(fill_batch, template, index) if fill_batch is not None else dataset[index]
     spec, leaves = structure.flatten(batch)
     layout, nbytes = structure.shm_layout(leaves)
     if layout is None or shm is None:
-        return ("pickle", None, batch, 0)
+        return messages.Pickled(task.seq, batch, 0)
     if nbytes > slot_bytes or slot < 0:
-        return ("pickle", None, batch, nbytes)
+        return messages.Pickled(task.seq, batch, nbytes)
     base = slot * slot_bytes
     for leaf, (dtype, shape, offset) in zip(leaves, layout):
         dst = np.ndarray(shape, dtype, buffer=shm.buf, offset=base + offset)
         np.copyto(dst, leaf, casting="no")
-    return ("shm", None, spec, layout)
+    return messages.InSharedMemory(task.seq, spec, layout)
 
 
-def run(conn, lifeline, stack_conn, dataset_payload, ring, seed, worker_id, template=None):
+def run(conn, lifeline, stack_conn, dataset_payload, ring: messages.NewRing, seed, worker_id, template=None):
+    """The worker's main loop; `ring` is the segment to write into first."""
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(lifeline,), name="kfast-lifeline", daemon=True).start()
     faulthandler.register(signal.SIGUSR1, file=stack_conn.fileno(), all_threads=False)
     _reuse_freed_memory()
     dataset = pickle.loads(dataset_payload)  # may import the dataset's module: seconds, with Keras
-    shm, slot_bytes = _attach(ring[0]), ring[1]
-    conn.send(("ready", None))  # a batch's timeout counts from here
+    shm, slot_bytes = _attach(ring.name), ring.slot_bytes
+    conn.send(messages.Ready())  # a batch's timeout counts from here
     epoch = None
     try:
         while True:
@@ -114,35 +114,33 @@ def run(conn, lifeline, stack_conn, dataset_payload, ring, seed, worker_id, temp
                 message = conn.recv()
             except (EOFError, OSError):
                 return  # the parent is gone
-            if message is None:
+            if isinstance(message, messages.Stop):
                 return
-            kind = message[0]
-            if kind == "dataset":
-                dataset = pickle.loads(message[1])
+            if isinstance(message, messages.NewDataset):
+                dataset = pickle.loads(message.payload)
                 continue
-            if kind == "ring":
+            if isinstance(message, messages.NewRing):
                 if shm is not None:
                     shm.close()
-                shm, slot_bytes = _attach(message[1]), message[2]
+                shm, slot_bytes = _attach(message.name), message.slot_bytes
                 continue
-            _, seq, index, task_epoch, slot = message
+            task = message
             try:
-                if task_epoch != epoch:
-                    seed_worker(seed, worker_id, task_epoch)
+                if task.epoch != epoch:
+                    seed_worker(seed, worker_id, task.epoch)
                     if hasattr(dataset, "set_epoch"):
-                        dataset.set_epoch(task_epoch)
-                epoch = task_epoch
-                reply = _load(dataset, index, shm, slot, slot_bytes, template)
-                reply = (reply[0], seq) + reply[2:]
+                        dataset.set_epoch(task.epoch)
+                epoch = task.epoch
+                reply = _load(dataset, task, shm, slot_bytes, template)
             except Exception:  # noqa: BLE001 - every dataset error goes back to the parent
-                reply = ("error", seq, index, f"worker pid {os.getpid()}:\n{traceback.format_exc()}")
+                reply = messages.Failed(task.seq, task.index, f"worker pid {os.getpid()}:\n{traceback.format_exc()}")
             try:
                 conn.send(reply)
             except (BrokenPipeError, EOFError, OSError):
                 return
             except Exception:  # noqa: BLE001 - e.g. an unpicklable batch
-                conn.send(("error", seq, index, f"worker pid {os.getpid()}: batch cannot be sent to the "
-                                                f"parent process:\n{traceback.format_exc()}"))
+                conn.send(messages.Failed(task.seq, task.index, f"worker pid {os.getpid()}: batch cannot be sent to "
+                                          f"the parent process:\n{traceback.format_exc()}"))
     finally:
         if shm is not None:
             shm.close()
