@@ -1,21 +1,21 @@
 """AutoTune: tune a FastLoader before training, and again when input waiting grows."""
 
-import time
+from __future__ import annotations
 
-import keras
+from typing import Any
+
 from kfast._core.checks import check_number
+from kfast._core.epoch_clock import EpochClock
 from kfast._core.messages import print_msg
 
 from kfast.distributed import _horovod as distributed
 from kfast.tuning.search import tune
 
-# The clock, a module attribute so tests can script time without touching the signature.
-_clock = time.perf_counter
 # The tuning function, a module attribute so tests can script results without touching the signature.
 _tune = tune
 
 
-class AutoTune(keras.callbacks.Callback):
+class AutoTune(EpochClock):
     """Applies `kfast.tune` to the loader feeding `fit`, at the start and whenever input becomes the limit.
 
     Before the first epoch it tunes the loader's dataset (or reads the cached result) and reconfigures
@@ -42,16 +42,16 @@ class AutoTune(keras.callbacks.Callback):
     'before training'
     """
 
-    def __init__(self, loader, threshold=0.2, budget_s=30, verbose=1):
-        super().__init__()
+    def __init__(self, loader: Any, threshold: float = 0.2, budget_s: float = 30, verbose: int = 1) -> None:
+        super().__init__(loader)
         if not hasattr(loader, "configure"):
             raise ValueError(f"AutoTune got {type(loader).__name__}; it tunes a kfast.data.FastLoader.")
         check_number("AutoTune", "threshold", threshold, above=0, below=1, hint="a fraction of the epoch")
         check_number("AutoTune", "budget_s", budget_s, above=0, unit="seconds", hint="e.g. budget_s=30")
-        self.loader, self.threshold, self.budget_s, self.verbose = loader, threshold, budget_s, verbose
-        self.changes = []
+        self.threshold, self.budget_s, self.verbose = threshold, budget_s, verbose
+        self.changes: list[dict[str, Any]] = []
 
-    def _apply(self, reason, force):
+    def _apply(self, reason: str, force: bool) -> None:
         before = self.loader.settings
         result = _tune(self.loader.dataset, budget_s=self.budget_s, force=force)
         self.loader.configure(**result.settings)
@@ -60,24 +60,12 @@ class AutoTune(keras.callbacks.Callback):
         if self.verbose and distributed.is_chief():
             print_msg(f"\nkfast AutoTune ({reason}): {before} -> {after}, {result.batches_per_s:.1f} batches/s")
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)
         self.changes = []
-        self._start = None
         self._apply("before training", force=False)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start, self._wait0, self._measured = _clock(), self.loader.wait_seconds, None
-
-    def on_test_begin(self, logs=None):
-        # Validation inside fit's epoch does not count: only training steps wait on this loader.
-        if getattr(self, "_start", None) is not None and self._measured is None:
-            self._measured = (self.loader.wait_seconds - self._wait0, _clock() - self._start)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self._measured is None:
-            self._measured = (self.loader.wait_seconds - self._wait0, _clock() - self._start)
-        wait, elapsed = self._measured
-        self._start = None
-        waited = wait / max(1e-9, elapsed)
-        if waited > self.threshold:
-            self._apply(f"epoch {epoch + 1} waited {waited:.0%} for input", force=True)
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        span = self.epoch_span()
+        if span is not None and span.input_wait_fraction > self.threshold:
+            self._apply(f"epoch {epoch + 1} waited {span.input_wait_fraction:.0%} for input", force=True)

@@ -1,6 +1,9 @@
 """GPUMonitor: how busy the GPU was during each epoch, in `logs`."""
 
+from __future__ import annotations
+
 import math
+from typing import Any
 import time
 import warnings
 
@@ -45,16 +48,16 @@ class GPUMonitor(keras.callbacks.Callback):
 
     _writes_epoch_logs = True  # kfast._core.callback_order.run_first puts it ahead of the loggers
 
-    def __init__(self, interval=0.1, sampler=None):
+    def __init__(self, interval: float = 0.1, sampler: gpu_sampling.Reader | None = None) -> None:
         super().__init__()
         check_number("GPUMonitor", "interval", interval, above=0, unit="seconds")
         self.interval = interval
         self._sampler = sampler
-        self._thread = None
-        self._read = None
+        self._thread: gpu_sampling.GpuSampler | None = None
+        self._read: gpu_sampling.Reader | None = None
         self._warned = False
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         lists = callback_order.run_first(self)
         sampler = self._sampler
         if sampler is None:
@@ -70,25 +73,27 @@ class GPUMonitor(keras.callbacks.Callback):
         alive = (lambda: any(ref() is not None for ref in lists)) if lists else None
         self._thread = gpu_sampling.GpuSampler(sampler, self.interval, alive=alive).start()
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._thread is not None:
             self._thread.take()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._thread is None or logs is None:
             return
         # The same keys every epoch, on every rank: MetricAverage exchanges values by name.
         samples = self._thread.take() or self._read_now()
         logs.update(gpu_sampling.summarize(samples) if samples else dict.fromkeys(gpu_sampling.KEYS, math.nan))
 
-    def _read_now(self):
+    def _read_now(self) -> list[gpu_sampling.Sample]:
+        if self._read is None:
+            return []
         try:
             util, mem = self._read()
         except Exception:  # noqa: BLE001 - a failing read costs this epoch's values, never training
             return []
         return [(time.monotonic(), util, mem)]
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._thread is not None:
             self._thread.stop()
             self._thread = None

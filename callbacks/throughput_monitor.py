@@ -1,16 +1,14 @@
 """ThroughputMonitor: samples/s, step time and the share of time spent waiting for input, per epoch."""
 
-import time
+from __future__ import annotations
 
-import keras
+from typing import Any
 
 from kfast._core import callback_order
-
-# The clock, a module attribute so tests can script time without touching the signature.
-_clock = time.perf_counter
+from kfast._core.epoch_clock import EpochClock
 
 
-class ThroughputMonitor(keras.callbacks.Callback):
+class ThroughputMonitor(EpochClock):
     """Adds `steps_per_second`, `step_time`, `samples_per_second` and `input_wait_fraction` to epoch logs.
 
     It uses epoch hooks only (no per-batch work, so Keras keeps its asynchronous dispatch). With a kfast
@@ -44,45 +42,27 @@ class ThroughputMonitor(keras.callbacks.Callback):
 
     _writes_epoch_logs = True  # kfast._core.callback_order.run_first puts it ahead of the loggers
 
-    def __init__(self, loader=None, batch_size=None):
-        super().__init__()
+    def __init__(self, loader: Any = None, batch_size: int | None = None) -> None:
         if loader is not None and not hasattr(loader, "wait_seconds"):
             raise ValueError(f"ThroughputMonitor got loader={type(loader).__name__}; pass a kfast.data.FastLoader "
                              "(or batch_size= for any other data).")
-        self.loader, self.batch_size = loader, batch_size
+        super().__init__(loader)
+        self.batch_size = batch_size
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         callback_order.run_first(self)
-        self._start = None
-        self._train_end = None
+        super().on_train_begin(logs)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start, self._train_end = _clock(), None
-        if self.loader is not None:
-            self._wait0, self._samples0 = self.loader.wait_seconds, self.loader.samples_served
-
-    def _stop_clock(self):
-        if self._train_end is None:
-            self._train_end = _clock()
-            if self.loader is not None:
-                self._wait1, self._samples1 = self.loader.wait_seconds, self.loader.samples_served
-
-    def on_test_begin(self, logs=None):
-        if self._start is not None:  # validation inside fit's epoch; a standalone evaluate() has no epoch
-            self._stop_clock()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None or self._start is None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        span = self.epoch_span()
+        if logs is None or span is None:
             return
-        self._stop_clock()
-        elapsed = self._train_end - self._start
-        self._start = None
         steps = self.params.get("steps") or 0
         if steps:
-            logs["steps_per_second"] = steps / elapsed
-            logs["step_time"] = elapsed / steps
+            logs["steps_per_second"] = steps / span.seconds
+            logs["step_time"] = span.seconds / steps
         if self.loader is not None:
-            logs["samples_per_second"] = (self._samples1 - self._samples0) / elapsed
-            logs["input_wait_fraction"] = min(1.0, (self._wait1 - self._wait0) / elapsed)
+            logs["samples_per_second"] = span.samples / span.seconds
+            logs["input_wait_fraction"] = span.input_wait_fraction
         elif self.batch_size and steps:
-            logs["samples_per_second"] = steps * self.batch_size / elapsed
+            logs["samples_per_second"] = steps * self.batch_size / span.seconds

@@ -1,8 +1,11 @@
 """What every recipe shares: command-line options, the distributed setup, and the training run."""
 
+from __future__ import annotations
+
 import argparse
 import importlib.util
 import os
+from typing import Any
 
 import keras
 import numpy as np
@@ -92,7 +95,8 @@ def tensorboard_dir(args):
     return os.path.join(os.path.dirname(os.path.normpath(args.checkpoint_dir)), "tensorboard")
 
 
-def split_rows(n, args, *, fraction=1 / 8, ranks=None):
+def split_rows(n: int, args: argparse.Namespace, *, fraction: float = 1 / 8,
+               ranks: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Shuffled `(train_rows, val_rows)` of `n` samples, the same on every rank (seeded by `--seed`).
 
     `fraction` of the samples validate, but at least one batch per rank, so that every rank has a
@@ -110,7 +114,8 @@ def split_rows(n, args, *, fraction=1 / 8, ranks=None):
     return order[n_val:], order[:n_val]
 
 
-def array_datasets(x, y, train_rows, val_rows, args):
+def array_datasets(x: np.ndarray, y: np.ndarray, train_rows: np.ndarray, val_rows: np.ndarray,
+                   args: argparse.Namespace) -> tuple[Any, Any]:
     """Training (shuffled per epoch) and validation `ArrayDataset`s over the rows `split_rows` chose."""
     from kfast.data import ArrayDataset
 

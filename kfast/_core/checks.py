@@ -77,10 +77,10 @@ def check_number(owner, name, value, *, above=None, least=None, below=None, unit
           and (above is None or value > above) and (least is None or value >= least)
           and (below is None or value < below))
     if not ok:
-        bounds = [f"> {above}" if above is not None else None, f">= {least}" if least is not None else None,
-                  f"< {below}" if below is not None else None]
+        bounds = [text for text in (f"> {above}" if above is not None else None,
+                                    f">= {least}" if least is not None else None,
+                                    f"< {below}" if below is not None else None) if text]
         expected = "a finite number" + (f" of {unit}" if unit else "")
-        bounds = [b for b in bounds if b]
         if bounds:
             expected += " " + " and ".join(bounds)
         _fail(owner, name, value, expected, or_none, hint)

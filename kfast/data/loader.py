@@ -1,8 +1,13 @@
 """FastLoader: a PyDataset that loads batches in parallel worker processes or threads."""
 
+from __future__ import annotations
+
+import secrets
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import numpy as np
@@ -27,12 +32,12 @@ __all__ = ["FastLoader", "WorkerError"]
 _MAX_TASKS_PER_WORKER = 128
 
 
-def default_workers():
+def default_workers() -> int:
     """One worker per usable CPU core (at most 16)."""
     return max(1, min(16, usable_cpus()))
 
 
-def _length(dataset):
+def _length(dataset: Any) -> int:
     """Batches per epoch: `len(dataset)`, or a Keras PyDataset's finite `num_batches`."""
     if hasattr(dataset, "__len__"):
         return len(dataset)
@@ -45,7 +50,7 @@ def _length(dataset):
         "are not supported.")
 
 
-def _capped_workers(workers):
+def _capped_workers(workers: int | None) -> int | None:
     most = 4 * usable_cpus()
     if workers is not None and not isinstance(workers, bool) and isinstance(workers, int) and workers > most:
         warnings.warn(f"FastLoader got workers={workers}, more than 4 per usable CPU core ({usable_cpus()} cores); "
@@ -54,7 +59,7 @@ def _capped_workers(workers):
     return workers
 
 
-def _overrides(dataset, method):
+def _overrides(dataset: Any, method: str) -> bool:
     if isinstance(dataset, ShardedDataset):
         dataset = dataset.dataset
     own = getattr(type(dataset), method, None)
@@ -135,8 +140,9 @@ class FastLoader(keras.utils.PyDataset):
     [[0, 1], [2, 3], [4, 5]]
     """
 
-    def __init__(self, dataset, *, workers=None, use_multiprocessing=True, max_queue_size=None,
-                 shuffle=False, seed=None, timeout=None):
+    def __init__(self, dataset: Any, *, workers: int | None = None, use_multiprocessing: bool = True,
+                 max_queue_size: int | None = None, shuffle: bool = False, seed: int | None = None,
+                 timeout: float | None = None) -> None:
         # Keras must see a plain single-worker PyDataset, or it would wrap this loader in its own pool;
         # hence kfast's own settings live under other attribute names than PyDataset's.
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
@@ -160,7 +166,7 @@ class FastLoader(keras.utils.PyDataset):
         if self._n < 1:
             raise ValueError(f"FastLoader got a dataset of length {self._n}; it needs at least one batch.")
         self.shuffle = bool(shuffle)
-        self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else int(seed)
+        self.seed = secrets.randbits(63) if seed is None else int(seed)
         self.timeout = timeout
         self._interrupt_mark = time.monotonic()
         self._interrupted = False
@@ -169,12 +175,12 @@ class FastLoader(keras.utils.PyDataset):
         self._num_workers = workers or default_workers()
         self._processes = use_multiprocessing
         self._queue_size = max_queue_size
-        self._pool = None
-        self._signature = None
-        self._orders = {}
+        self._pool: Any = None
+        self._signature: Any = None
+        self._orders: dict[int, np.ndarray] = {}
         self._armed = False
-        self._first = None  # (position, batch, samples) of an epoch's first batch, until its second is taken
-        self._replay = None
+        self._first: tuple[int, Any, int] | None = None  # (position, batch, samples) of an epoch's first batch, until its second is taken
+        self._replay: tuple[int, Any, int] | None = None
         self._dispatched = self._consumed = 0
         self._dataset_epoch = 0
         self._lock = threading.RLock()
@@ -189,16 +195,17 @@ class FastLoader(keras.utils.PyDataset):
         return LoaderSettings(self._num_workers, self._processes, self._window)
 
     @property
-    def _in_flight(self):
+    def _in_flight(self) -> int:
         # Tasks wait in each worker's pipe: past a few hundred, the pipe fills while the worker blocks
         # sending a batch back, and both sides wait for ever. Deeper queues buy nothing more anyway.
         return min(self._window, _MAX_TASKS_PER_WORKER * self._num_workers)
 
     @property
-    def _window(self):
+    def _window(self) -> int:
         return self._queue_size or max(4, 2 * self._num_workers)
 
-    def configure(self, *, workers=None, use_multiprocessing=None, max_queue_size=None):
+    def configure(self, *, workers: int | None = None, use_multiprocessing: bool | None = None,
+                  max_queue_size: int | None = None) -> None:
         """Changes settings; the workers restart on the next batch. Arguments left `None` stay as they are."""
         check_int("FastLoader.configure", "workers", workers, or_none="to keep the current number")
         check_int("FastLoader.configure", "max_queue_size", max_queue_size, or_none="to keep the current depth")
@@ -210,7 +217,7 @@ class FastLoader(keras.utils.PyDataset):
 
     # -- order ----------------------------------------------------------------------------------------
 
-    def _index(self, epoch, position):
+    def _index(self, epoch: int, position: int) -> int:
         if not self.shuffle:
             return position
         if epoch not in self._orders:
@@ -221,7 +228,7 @@ class FastLoader(keras.utils.PyDataset):
 
     # -- the stream of batches ------------------------------------------------------------------------
 
-    def _start(self):
+    def _start(self) -> None:
         # fill_batch is lent arrays shaped like batch 0 (a whole batch: only the last may be short).
         fills = fill.method(self.dataset) is not None
         first = self.dataset[0 if fills else self._index(0, 0)]
@@ -241,7 +248,7 @@ class FastLoader(keras.utils.PyDataset):
             self._pool = threads.ThreadPool(self.dataset, self._num_workers, timeout=self.timeout,
                                              template=template)
 
-    def _check_memory(self, batch_bytes):
+    def _check_memory(self, batch_bytes: int) -> None:
         need = (self._window + 2) * batch_bytes
         available = psutil.virtual_memory().available
         if need > available // 2:
@@ -251,13 +258,13 @@ class FastLoader(keras.utils.PyDataset):
                 f"{available / 2**30:.1f} GiB of memory available. Lower max_queue_size (the default, twice "
                 "the workers, is usually enough).")
 
-    def _boundary_needs_drain(self):
+    def _boundary_needs_drain(self) -> bool:
         # Processes hold their own copies: set_epoch runs in each, in task order, with no pause.
         # Threads share one dataset, and on_epoch_end changes the parent's copy: finish the epoch first.
         return _overrides(self.dataset, "on_epoch_end") or (
             not self._processes and hasattr(self.dataset, "set_epoch"))
 
-    def _cross_epoch(self, epoch):
+    def _cross_epoch(self, epoch: int) -> None:
         if _overrides(self.dataset, "on_epoch_end"):
             self.dataset.on_epoch_end()
             if self._processes:
@@ -266,7 +273,7 @@ class FastLoader(keras.utils.PyDataset):
             self.dataset.set_epoch(epoch)
         self._dataset_epoch = epoch
 
-    def _fill(self):
+    def _fill(self) -> None:
         while self._dispatched - self._consumed < self._in_flight:
             epoch, position = divmod(self._dispatched, self._n)
             if epoch > self._dataset_epoch:
@@ -276,11 +283,11 @@ class FastLoader(keras.utils.PyDataset):
             self._pool.submit(self._dispatched, self._index(epoch, position), epoch)
             self._dispatched += 1
 
-    def _next(self):
+    def _next(self) -> Any:
         with self._lock:
             return self._next_locked()
 
-    def _next_locked(self):
+    def _next_locked(self) -> Any:
         if self._interrupted:
             # Once interrupted, every further request fails at once: nothing restarts workers while the
             # process unwinds (a framework thread may still ask for the next batch).
@@ -321,10 +328,10 @@ class FastLoader(keras.utils.PyDataset):
 
     # -- PyDataset / iteration ------------------------------------------------------------------------
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._n
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         if not -self._n <= index < self._n:
             raise IndexError(f"FastLoader index {index} is out of range for {self._n} batches.")
         if self._armed:
@@ -337,7 +344,7 @@ class FastLoader(keras.utils.PyDataset):
         # that position of the current epoch, loaded right here.
         return self.dataset[self._index(self._consumed // self._n, index % self._n)]
 
-    def on_epoch_begin(self):
+    def on_epoch_begin(self) -> None:
         self._interrupt_mark = time.monotonic()  # a Ctrl-C caught before this epoch is not ours to act on
         self._interrupted = False
         first, self._first = self._first, None
@@ -357,16 +364,16 @@ class FastLoader(keras.utils.PyDataset):
                 self._pool.update_dataset(self.dataset)
         self._armed = True
 
-    def on_epoch_end(self):
+    def on_epoch_end(self) -> None:
         self._armed = False
         self._replay = None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         """Yields one epoch of batches in the loader's order (the rest of it, if one was under way)."""
         for _ in range(self._n - self._consumed % self._n):
             yield self._next()
 
-    def close(self):
+    def close(self) -> None:
         """Stops the workers and frees shared memory. The loader restarts them if used again."""
         self._first = self._replay = None
         if self._pool is not None:
@@ -374,18 +381,18 @@ class FastLoader(keras.utils.PyDataset):
             self._pool = None
         self._dispatched = self._consumed
 
-    def skip_to_next_epoch(self):
+    def skip_to_next_epoch(self) -> None:
         """Drops the rest of the current epoch (if one is under way), so the next batch starts an epoch."""
         self.close()
         self._dispatched = self._consumed = -(-self._consumed // self._n) * self._n
 
-    def __enter__(self):
+    def __enter__(self) -> FastLoader:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def to_tf_dataset(self):
+    def to_tf_dataset(self) -> Any:
         """Returns a `tf.data.Dataset` of one epoch of this loader's batches, prefetched."""
         from kfast.data.tf_bridge import to_tf_dataset
 

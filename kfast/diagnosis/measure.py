@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -19,18 +20,18 @@ from kfast.diagnosis.report import Diagnosis
 class _Repeat(keras.utils.PyDataset):
     """One cached batch, `n` times: training on it measures the model alone."""
 
-    def __init__(self, batch, n):
+    def __init__(self, batch: Any, n: int) -> None:
         super().__init__()
         self.batch, self.n = batch, n
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         return self.batch
 
 
-def _batches(data, count):
+def _batches(data: Any, count: int) -> Iterator[Any]:
     """Yields `count` batches from a PyDataset-like object or an iterable, wrapping around."""
     if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not hasattr(data, "wait_seconds"):
         for i in range(count):
@@ -49,14 +50,14 @@ def _batches(data, count):
                              "data that can be read more than once (a keras.utils.PyDataset or a tf.data.Dataset).")
 
 
-def first_batch(data):
+def first_batch(data: Any) -> Any:
     """The first batch of `data` (a PyDataset-like object, a FastLoader or an iterable)."""
     for batch in _batches(data, 1):
         return batch
     raise ValueError(f"got {type(data).__name__} with no batches; pass the data you train on.")
 
 
-def compute_seconds(model, batch, *, steps=10, warmup=3):
+def compute_seconds(model: keras.Model, batch: Any, *, steps: int = 10, warmup: int = 3) -> np.ndarray:
     """Seconds of each of `steps` training steps on one cached `batch`: the model alone, no input, through
     fit's own train step. The model's weights and optimizer state are put back afterwards."""
     with fit_timing.state_kept(model):
@@ -68,7 +69,8 @@ def _fit(model: keras.Model, data: Any, steps: int) -> np.ndarray:
     return fit_timing.timed_fit(model, data, fit_timing.StepClock(steps)).step_seconds()
 
 
-def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
+def diagnose(model: keras.Model, data: Any, *, steps: int = 50, warmup: int = 5,
+             sampler: gpu_sampling.Reader | None = None) -> Diagnosis:
     """Measures where a training step's time goes, and says what to change.
 
     Three short phases on the real compiled model and data: the data source alone (batches/s with no
@@ -117,10 +119,13 @@ def diagnose(model, data, *, steps=50, warmup=5, sampler=None):
     # Stopped in the `finally` below, whatever happens in between.
     thread = gpu_sampling.GpuSampler(sampler, 0.05).start() if sampler else None
 
-    times, gpu, timeline, spans = {}, {}, [], {}
+    times: dict[str, np.ndarray] = {}
+    gpu: dict[str, dict[str, float]] = {}
+    timeline: list[gpu_sampling.Sample] = []
+    spans: dict[str, tuple[float, float]] = {}
     began = time.monotonic()  # the sampler's clock, for the picture's GPU timeline
 
-    def phase_end(name):
+    def phase_end(name: str) -> None:
         spans[name] = (max((end for _, end in spans.values()), default=began), time.monotonic())
         if thread is not None:
             samples = thread.take()

@@ -1,5 +1,9 @@
 """`kfast.distributed.elastic_fit`: `model.fit` for an elastic job, whose ranks may leave and join."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 
 from kfast._core.checks import check_int
@@ -11,12 +15,12 @@ from kfast.distributed import elastic
 class _EpochShard(ShardedDataset):
     """One rank's batches of what is left of one epoch; the dataset's order is that epoch's on every rank."""
 
-    def __init__(self, dataset, epoch, rank, size, start):
+    def __init__(self, dataset: Any, epoch: int, rank: int, size: int, start: int) -> None:
         super().__init__(dataset, rank, size, start=start)
         self.epoch = epoch
         self.set_epoch(0)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         # Each loader lives for one epoch, and counts it as its epoch 0: the job's epoch decides the order.
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)
@@ -29,18 +33,20 @@ class _Commit(keras.callbacks.Callback):
     reset raised at a commit there would restore a position with no batch left for the ranks, and the
     epoch would count as done without its `on_epoch_end` (no checkpoint, no logs for it)."""
 
-    def __init__(self, state, every, size, steps):
+    def __init__(self, state: elastic.ElasticState, every: int, size: int, steps: int) -> None:
         super().__init__()
         self.state, self.every, self.size, self.start, self.steps = state, every, size, state.position, steps
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if (batch + 1) % self.every == 0 and batch + 1 < self.steps:
             self.state.position = self.start + (batch + 1) * self.size
             self.state.commit()
 
 
-def elastic_fit(model, dataset, *, epochs, validation_data=None, initial_epoch=0, commit_every=20, callbacks=None,
-                verbose=None, workers=None, use_multiprocessing=True, max_queue_size=None):
+def elastic_fit(model: keras.Model, dataset: Any, *, epochs: int, validation_data: Any = None, initial_epoch: int = 0,
+                commit_every: int = 20, callbacks: list[keras.callbacks.Callback] | None = None,
+                verbose: int | str | None = None, workers: int | None = None, use_multiprocessing: bool = True,
+                max_queue_size: int | None = None) -> elastic.ElasticState:
     """Trains `model` on `dataset` like `model.fit`, going on when ranks leave or join the job.
 
     Launch with `kfast launch --elastic` (or `horovodrun --min-np A --max-np B --host-discovery-script S`).

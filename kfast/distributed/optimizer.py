@@ -1,5 +1,9 @@
 """DistributedOptimizer: averages gradients across Horovod ranks before the wrapped optimizer applies them."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -44,7 +48,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     'SGD'
     """
 
-    def __init__(self, optimizer, *, compression=None, backward_passes_per_step=1, name=None):
+    built: bool  # set by Keras; declared for the type checker, which cannot read Keras's classes
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, *, compression: str | None = None,
+                 backward_passes_per_step: int = 1, name: str | None = None) -> None:
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise ValueError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer; got {type(optimizer).__name__}.")
         if compression not in COMPRESSIONS:
@@ -56,7 +63,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.compression = compression
         self.backward_passes_per_step = backward_passes_per_step
 
-    def build(self, var_list):
+    def build(self, var_list: list[Any]) -> None:
         if self.backward_passes_per_step > 1:
             self._pass = self.add_variable((), initializer="zeros", dtype="int", name="backward_pass")
             self._sums = [self.add_variable_from_reference(v, name="grad_sum") for v in var_list]
@@ -64,22 +71,22 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         super().build(var_list)
 
     @property
-    def variables(self):
+    def variables(self) -> list[Any]:
         return self._variables + self.inner_optimizer.variables
 
     @property
-    def learning_rate(self):
+    def learning_rate(self) -> Any:
         return self.inner_optimizer.learning_rate
 
     @learning_rate.setter
-    def learning_rate(self, value):
+    def learning_rate(self, value: Any) -> None:
         self.inner_optimizer.learning_rate = value
 
     @property
-    def iterations(self):
+    def iterations(self) -> Any:
         return self.inner_optimizer.iterations
 
-    def _exchange(self, grads):
+    def _exchange(self, grads: list[Any]) -> list[Any]:
         dense = [None if g is None else ops.convert_to_tensor(g) for g in grads]
         if self.compression == "fp16":
             dtypes = [None if g is None else g.dtype for g in dense]
@@ -87,10 +94,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return [None if g is None else ops.cast(g, d) for g, d in zip(distributed.allreduce_average(sent), dtypes)]
         return distributed.allreduce_average(dense, name="kfast.grads")
 
-    def apply(self, grads, trainable_variables=None):
+    def apply(self, grads: list[Any], trainable_variables: list[Any] | None = None) -> None:
         if not self.built:
             with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables)
+                self.build(list(trainable_variables or []))
             self.built = True
         grads = list(grads)
         if self.backward_passes_per_step == 1:
@@ -113,20 +120,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # Saved state is the wrapped optimizer's own, in its own layout, so a checkpoint restores into a plain
     # optimizer of that class (see kfast.distributed.checkpoint). Gradient sums in flight are not saved.
-    def save_own_variables(self, store):
+    def save_own_variables(self, store: dict[str, Any]) -> None:
         self.inner_optimizer.save_own_variables(store)
 
-    def load_own_variables(self, store):
+    def load_own_variables(self, store: dict[str, Any]) -> None:
         self.inner_optimizer.load_own_variables(store)
 
-    def finalize_variable_values(self, var_list):
+    def finalize_variable_values(self, var_list: list[Any]) -> None:
         self.inner_optimizer.finalize_variable_values(var_list)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "compression": self.compression, "backward_passes_per_step": self.backward_passes_per_step}
 
     @classmethod
-    def from_config(cls, config, custom_objects=None):
+    def from_config(cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None) -> DistributedOptimizer:
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)

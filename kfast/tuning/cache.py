@@ -27,7 +27,7 @@ from kfast.data import structure
 _SETTINGS = ("workers", "use_multiprocessing", "max_queue_size", "batches_per_s")
 # The layout of tune.json this kfast writes; bump it when an entry changes meaning.
 VERSION = 1
-_unwritable_warned = set()  # cache paths already warned about, so a retuning loop warns once
+_unwritable_warned: set[str] = set()  # cache paths already warned about, so a retuning loop warns once
 
 
 def cache_path() -> str:

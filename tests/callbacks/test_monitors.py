@@ -185,10 +185,10 @@ class _SlowValidation(keras.utils.PyDataset):
 
 
 def test_throughput_monitor_counts_training_steps_only(monkeypatch):
-    from kfast.callbacks import throughput_monitor
+    from kfast._core import epoch_clock
 
     clock = _ScriptedClock()
-    monkeypatch.setattr(throughput_monitor, "_clock", clock)
+    monkeypatch.setattr(epoch_clock, "_clock", clock)
     with FastLoader(datasets.Features(n=4), workers=1, use_multiprocessing=False) as loader:
         history = _model().fit(loader, epochs=2, verbose=0, validation_data=_SlowValidation(clock),
                                callbacks=[kfast.callbacks.ThroughputMonitor(loader)])
@@ -209,10 +209,11 @@ class _WaitingLoader:
 
 def test_auto_tune_ignores_validation_time(monkeypatch):
     from kfast.tuning import search
+    from kfast._core import epoch_clock
     from kfast.callbacks import auto_tune
 
     now = [0.0]
-    monkeypatch.setattr(auto_tune, "_clock", lambda: now[0])
+    monkeypatch.setattr(epoch_clock, "_clock", lambda: now[0])
     result = search.TuneResult(2, True, 4, 50.0, [])
     loader = _WaitingLoader()
     monkeypatch.setattr(auto_tune, "_tune", lambda *a, **k: result)

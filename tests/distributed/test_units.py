@@ -89,6 +89,19 @@ def test_single_process_fit_with_the_standard_callbacks(tmp_path):
 
 
 def test_old_callbacks_name_still_works_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match=r"now kfast.distributed.default_callbacks\(\)"):
+    with pytest.warns(DeprecationWarning, match=r"kfast.distributed.callbacks\(\) is now kfast.distributed.default_callbacks\(\)"):
         old = kfast.distributed.callbacks("ckpt", warmup_epochs=0)
     assert [type(c).__name__ for c in old] == [type(c).__name__ for c in kfast.distributed.default_callbacks("ckpt")]
+
+
+def test_a_script_written_for_the_earlier_names_still_trains(tmp_path):
+    # kfast.distributed.DistributedOptimizer was the first release's name (Horovod's idiom, hvd.DistributedOptimizer).
+    assert kfast.distributed.DistributedOptimizer is kfast.DistributedOptimizer
+    x = np.random.default_rng(1).normal(size=(64, 3)).astype("float32")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(kfast.distributed.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+    with pytest.warns(DeprecationWarning, match="default_callbacks"):
+        callbacks = kfast.distributed.callbacks(str(tmp_path), warmup_epochs=1, monitor="loss")
+    history = model.fit(x, x.sum(1), epochs=2, verbose=0, callbacks=callbacks)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert sorted(os.listdir(tmp_path)) == ["best.keras", "epoch-0001.keras", "epoch-0002.keras"]

@@ -38,7 +38,8 @@ def install():
         try:
             previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         except ValueError:
-            reader.close(), writer.close()
+            reader.close()
+            writer.close()
             return
         threading.Thread(target=_watch, args=(reader, writer, previous), name="kfast-interrupt-watch",
                          daemon=True).start()

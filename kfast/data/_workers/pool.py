@@ -18,6 +18,8 @@ NOTE [Who owns what, and the shutdown order]
   the training process registered.
 """
 
+from __future__ import annotations
+
 import contextlib
 import json
 import multiprocessing
@@ -28,6 +30,7 @@ import sys
 import time
 import warnings
 import weakref
+from typing import Any
 
 import cloudpickle
 
@@ -109,7 +112,7 @@ def _main_hidden():
     if main is None:
         yield
         return
-    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+    saved: dict[str, Any] = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
     main.__dict__.pop("__file__", None)
     main.__spec__ = None
     try:
@@ -200,12 +203,14 @@ class ProcessPool:
                 "(open them lazily in __getitem__), or pass use_multiprocessing=False to use threads."
             ) from e
         self._slots, self._timeout = slots, timeout
-        self._state = {"rings": [], "stacks": []}
+        self._state: dict[str, Any] = {"rings": [], "stacks": []}
         self._ring = self._make_ring(slot_bytes)
         ring = self._ring_message()
-        self._busy = {}  # seq -> (ring, slot) for tasks in flight that were lent a slot
+        self._busy: dict[int, tuple[Any, int]] = {}  # seq -> (ring, slot) for tasks in flight that were lent a slot
         ctx = _context(dataset)
-        self._processes, self._conns, self._stacks = [], [], self._state["stacks"]
+        self._processes: list[Any] = []
+        self._conns: list[Any] = []
+        self._stacks: list[Any] = self._state["stacks"]
         lifeline_read, self._state["lifeline"] = ctx.Pipe(duplex=False)
         self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._state)
         for i in range(workers):
@@ -222,12 +227,13 @@ class ProcessPool:
             self._stacks.append(stack_read)
         lifeline_read.close()
         # One selector for the pool's life: building one for every wait cost more than the wait itself.
-        self._selector = self._state["selector"] = selectors.DefaultSelector()
+        self._selector = selectors.DefaultSelector()
+        self._state["selector"] = self._selector
         for w, p in enumerate(self._processes):
             self._selector.register(self._conns[w], selectors.EVENT_READ, ("reply", w))
             self._selector.register(p.sentinel, selectors.EVENT_READ, ("exit", w))
-        self._pending = [dict() for _ in range(workers)]  # per worker: seq -> index
-        self._replies = {}
+        self._pending: list[dict[int, int]] = [{} for _ in range(workers)]  # per worker: seq -> index
+        self._replies: dict[int, messages.Reply] = {}
         self._started = [False] * workers
         self.shm_batches = self.pickled_batches = 0
 
@@ -344,7 +350,7 @@ class ProcessPool:
         self._finalizer()
 
 
-_warned_shm = set()
+_warned_shm: set[tuple[str, int]] = set()
 
 
 def _warn_shm(what, slot_bytes):

@@ -14,6 +14,8 @@ front with `posix_fallocate`, which fails cleanly (ENOSPC) instead; callers then
 send batches pickled.
 """
 
+from __future__ import annotations
+
 import collections
 import errno
 import functools
@@ -48,6 +50,10 @@ class Segment(shared_memory.SharedMemory):
             self.unlink()
         except FileNotFoundError:
             pass
+
+
+def _give_back(free: collections.deque[int], slot: int, _: object) -> None:
+    free.append(slot)  # the export array is gone: its slot can be written again
 
 
 def _new_segment(nbytes):
@@ -95,7 +101,7 @@ class Ring:
             self.segment = _new_segment(slots * slot_bytes)
         self.name = self.segment.name
         self._free = collections.deque(range(slots))  # appended to by weakref callbacks, any thread
-        self._exports = {}  # slot -> weak reference to the batch's export array
+        self._exports: dict[int, weakref.ref[np.ndarray]] = {}  # slot -> weak reference to the batch's export array
 
     def acquire(self):
         """A free slot's index, or -1 when every slot is lent or held by live batches."""
@@ -113,7 +119,7 @@ class Ring:
         start = slot * self.slot_bytes
         holder = np.frombuffer(self.segment.buf, np.uint8, count=self.slot_bytes, offset=start)
         free = self._free
-        self._exports[slot] = weakref.ref(holder, lambda _, slot=slot: free.append(slot))
+        self._exports[slot] = weakref.ref(holder, functools.partial(_give_back, free, slot))
         leaves = []
         for dtype, shape, offset in layout:
             dtype = _dtype(dtype)

@@ -17,16 +17,19 @@ Python runs signal handlers in the main thread between bytecodes: when the main 
 TensorFlow op, the clean-up starts as the op returns (Keras comes back to Python after every step).
 """
 
+from __future__ import annotations
+
 import multiprocessing.util
 import os
 import shutil
 import signal
 import threading
 import weakref
+from typing import Any
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
-_loaders = weakref.WeakSet()
+_loaders: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
 _installed = False
 _owner = None  # the pid that installed the handlers; a forked child (a Keras or user pool) inherits them

@@ -5,6 +5,8 @@ exit, so one `__getitem__` that never returns would keep Python from exiting. `c
 for running tasks, then abandons a stuck thread (and says so); a daemon thread does not block exit.
 """
 
+from __future__ import annotations
+
 import functools
 import queue
 import sys
@@ -12,6 +14,7 @@ import threading
 import time
 import traceback
 import warnings
+from typing import Any
 from concurrent import futures
 from concurrent.futures import Future
 
@@ -47,16 +50,16 @@ class ThreadPool:
     def __init__(self, dataset, workers, timeout=None, template=None):
         self._timeout, self._template = timeout, template
         self.update_dataset(dataset)
-        self._tasks = queue.SimpleQueue()
-        self._running = {}  # thread ident -> batch index it is loading
+        self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._running: dict[int, int] = {}  # thread ident -> batch index it is loading
         self._threads = [threading.Thread(target=_run, args=(self._tasks, self._running), daemon=True,
                                           name=f"kfast-loader-{i}") for i in range(workers)]
         for t in self._threads:
             t.start()
-        self._futures = {}
+        self._futures: dict[int, tuple[int, Future[Any]]] = {}
 
     def submit(self, seq, index, epoch):
-        future = Future()
+        future: Future[Any] = Future()
         self._futures[seq] = (index, future)
         self._tasks.put((future, self._load, index))
 

@@ -12,6 +12,8 @@ On SIGUSR1 it writes its Python stack to `stack_conn` (faulthandler, which works
 dataset's code is stuck), so the loader can say where a slow batch is.
 """
 
+from __future__ import annotations
+
 import faulthandler
 import os
 import pickle
@@ -19,6 +21,7 @@ import random
 import signal
 import threading
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +100,8 @@ def _load(dataset, task, shm, slot_bytes, template):
     return messages.InSharedMemory(task.seq, spec, layout)
 
 
-def run(conn, lifeline, stack_conn, dataset_payload, ring: messages.NewRing, seed, worker_id, template=None):
+def run(conn: Any, lifeline: Any, stack_conn: Any, dataset_payload: bytes, ring: messages.NewRing, seed: int,
+        worker_id: int, template: Any = None) -> None:
     """The worker's main loop; `ring` is the segment to write into first."""
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
