@@ -79,7 +79,7 @@ def test_bad_arguments():
     batches = datasets.Features(n=3)
     with pytest.raises(ValueError, match="yields no batches when iterated again"):  # a one-shot iterator
         kfast.diagnose(model, iter([batches[i] for i in range(3)]), steps=4, warmup=0)
-    with pytest.raises(ValueError, match="compiled model"):
+    with pytest.raises(ValueError, match="which is not compiled; call model.compile"):
         kfast.diagnose(keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]), datasets.Features())
     unbuilt = keras.Sequential([keras.layers.Dense(1)])
     unbuilt.compile("sgd", "mse")
