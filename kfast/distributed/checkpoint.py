@@ -3,7 +3,9 @@
 Each `epoch-NNNN.keras` is a normal Keras archive with one extra member, `kfast-state.json`: what the
 callbacks need to carry on exactly after a restart (the single-rank base learning rate, the best value
 seen so far, ...). It travels inside the same file as the weights it belongs to, so the two can never
-disagree, and falling back to an older checkpoint falls back to its state too.
+disagree, and falling back to an older checkpoint falls back to its state too. The state carries a
+format version (`"version"`): a checkpoint without one was written by an earlier kfast in the same
+layout and is read as it is; one of a newer version is refused, naming the file, rather than read wrong.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ if TYPE_CHECKING:
 
 _EPOCH_FILE = re.compile(r"^epoch-(\d{4,})\.keras$")
 _STATE_MEMBER = "kfast-state.json"
+# The layout of kfast-state.json this kfast writes; bump it when a key changes meaning.
+STATE_VERSION = 1
 # Per-model training state, filled by the callbacks and by restore(); keyed weakly, so it dies with the model.
 _STATES: weakref.WeakKeyDictionary[keras.Model, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+class NewerCheckpointError(ValueError):
+    """A checkpoint whose training state a newer kfast wrote, in a layout this one cannot read."""
 
 
 def training_state(model: keras.Model) -> dict[str, Any]:
@@ -85,7 +93,7 @@ def _finish_archive(archive: str, state: dict[str, Any]) -> None:
     if isinstance(optimizer, dict) and optimizer.get("registered_name") == "kfast>DistributedOptimizer":
         config["compile_config"]["optimizer"] = optimizer["config"]["optimizer"]
         entries["config.json"] = json.dumps(config).encode()
-    entries[_STATE_MEMBER] = json.dumps(state).encode()
+    entries[_STATE_MEMBER] = json.dumps({"version": STATE_VERSION, **state}).encode()
     with zipfile.ZipFile(archive, "w") as z:
         for filename, data in entries.items():
             z.writestr(filename, data)
@@ -107,6 +115,11 @@ def read_archive(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, d
             state = json.loads(z.read(_STATE_MEMBER)) if _STATE_MEMBER in names else {}
     except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
         raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
+    version = state.pop("version", 0)  # 0: written before states had a version, in the same layout
+    if not isinstance(version, int) or version > STATE_VERSION:
+        raise NewerCheckpointError(
+            f"checkpoint {path} holds kfast training state of format version {version!r}, and this kfast reads "
+            f"versions up to {STATE_VERSION}; resume it with the kfast that wrote it (or a newer one).")
     return config.get("build_config"), state
 
 
@@ -126,6 +139,8 @@ def _load_latest(model: keras.Model,
         path = epoch_path(checkpoint_dir, epoch)
         try:
             build_config, state = read_archive(path)
+        except NewerCheckpointError:
+            raise  # not broken: skipping it would resume from an older epoch without saying why
         except ValueError as e:
             warnings.warn(f"kfast skipped {e}; resuming from the checkpoint before it instead.", stacklevel=3)
             continue
