@@ -26,8 +26,10 @@ MARKER = "_writes_epoch_logs"
 
 def lists_holding(callback: keras.callbacks.Callback) -> list[keras.callbacks.CallbackList]:
     """Returns the live `CallbackList`s that hold `callback` (none when its hooks are called by hand)."""
+    # type(), not isinstance(): isinstance asks an object's __class__ when its type does not match, and a
+    # few objects among all of a process's (torch's deprecated reduce_op) warn or compute when asked.
     return [o for o in gc.get_objects()
-            if isinstance(o, keras.callbacks.CallbackList) and any(c is callback for c in o.callbacks)]
+            if issubclass(type(o), keras.callbacks.CallbackList) and any(c is callback for c in o.callbacks)]
 
 
 def run_first(callback: keras.callbacks.Callback) -> list[weakref.ref]:
