@@ -82,6 +82,9 @@ def _cell(path: str, header: Sequence[str], row: int, c: int) -> str:
 def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
     with open(path, encoding="utf-8", errors="replace") as f:
         header = [name.strip() for name in f.readline().split(",")]
+    if next(_data_lines(path), None) is None:
+        raise ValueError(f"{path} has a header of {len(header)} column(s) and no data rows; add rows of numbers "
+                         f"below the header (the label in the last column).")
     try:
         table = np.loadtxt(path, delimiter=",", skiprows=1, dtype="float32", ndmin=2)
     except ValueError as e:

@@ -271,3 +271,107 @@ def same_xyw(got, want):
     (gx, gy, gw), (wx, wy, ww) = got, want
     return (sorted(gx) == sorted(wx) and all(np.array_equal(gx[k], wx[k]) and gx[k].dtype == wx[k].dtype for k in wx)
             and np.array_equal(gy, wy) and np.array_equal(gw, ww))
+
+
+class CrashesAt(Squares):
+    """Batch `at` crashes the process loading it: `how` is "segfault" (a read of address 0) or "exit"
+    (`sys.exit(123)`)."""
+
+    def __init__(self, at=0, how="segfault", **kwargs):
+        super().__init__(**kwargs)
+        self.at, self.how = at, how
+
+    def __getitem__(self, i):
+        if i == self.at:
+            if self.how == "segfault":
+                import ctypes
+
+                ctypes.string_at(0)
+            import sys
+
+            sys.exit(123)
+        return super().__getitem__(i)
+
+
+class SlowFirst(Squares):
+    """Batch 0 takes `delay` seconds; the others are quick."""
+
+    def __getitem__(self, i):
+        if i == 0:
+            time.sleep(self.delay)
+        return np.full((4, 3), i, "float32"), np.tile(np.array([i, i * i], "int64"), (4, 1))
+
+
+class NeedsSetEpoch(Squares):
+    """Serves batches only after `set_epoch` ran (where the batches are loaded): it opens its source there."""
+
+    def set_epoch(self, epoch):
+        self.opened_for = epoch
+
+    def __getitem__(self, i):
+        return super().__getitem__(i) if hasattr(self, "opened_for") else self.opened_for  # AttributeError
+
+
+class WhereLoaded(Squares):
+    """Batch i holds the pid of the process that loaded it in x[0, 0]."""
+
+    def __getitem__(self, i):
+        return np.full((4, 3), os.getpid(), "int64"), np.full((4, 1), i, "int64")
+
+
+class BrokenInWorkers(Squares):
+    """Cannot be rebuilt in a worker process: unpickling it raises."""
+
+    def __reduce__(self):
+        return (_refuse_to_unpickle, ("the source file of BrokenInWorkers is missing on this host",))
+
+
+def _refuse_to_unpickle(reason):
+    raise FileNotFoundError(reason)
+
+
+class RaisesUnpicklable(Squares):
+    """Batch `bad` raises an exception whose class cannot travel between processes (it holds a lock)."""
+
+    def __init__(self, bad=2, **kwargs):
+        super().__init__(**kwargs)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            import threading
+
+            error = RuntimeError("decoder state lost")
+            error.lock = threading.Lock()
+            raise error
+        return super().__getitem__(i)
+
+
+class GrowsSlowStart(Squares):
+    """Every batch is larger than the one before, and every worker but the first to start takes `delay`
+    seconds to unpickle it: the first worker makes the slots grow several times before the others attach."""
+
+    def __init__(self, marker, delay=2.0, **kwargs):
+        super().__init__(**kwargs)
+        self.marker, self.delay = marker, delay
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            time.sleep(self.delay)
+
+    def __getitem__(self, i):
+        return np.full((64 * (i + 1), 3), i, "float32"), np.full((64 * (i + 1), 1), i, "int64")
+
+
+Pair = __import__("collections").namedtuple("Pair", ["features", "label"])
+
+
+class NamedPairs(Squares):
+    """Batches as a namedtuple `Pair(features, label)`."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return Pair(x, y)

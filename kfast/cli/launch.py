@@ -24,6 +24,10 @@ def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str
 
     if np < 1:
         raise ValueError(f"-np must be at least 1, got {np}.")
+    if hosts is not None and not hosts.strip():
+        # An empty $HOSTS in a job script, say: training on localhost instead would hide it.
+        raise ValueError(f"-H {hosts!r} names no host; expected host:slots[,host:slots...], e.g. -H host1:4,host2:4 "
+                         "(leave -H out to run on this machine).")
     if hosts and hostfile:
         raise ValueError("pass either -H or --hostfile, not both.")
     cmd = [horovodrun, "-np", str(np)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
@@ -16,7 +17,6 @@ import psutil
 from kfast._core.checks import check_int, check_number
 from kfast._core.cpus import usable_cpus
 from kfast.distributed import _horovod as distributed
-from kfast.data._workers import fill
 from kfast.data._workers import interrupt
 from kfast.data._workers import pool
 from kfast.data._workers import signals
@@ -95,8 +95,9 @@ class FastLoader(keras.utils.PyDataset):
     Python stack; without it, a warning with the same facts comes after a minute of waiting, and again
     each minute. Ctrl-C interrupts a wait within a fraction of a second, even inside `fit`.
 
-    Worker processes seed `random` and numpy's global generator from (seed, worker id, epoch), as
-    PyTorch's DataLoader does, so no two workers (or restarts) repeat each other's random draws. The
+    Worker processes seed `random` and numpy's global generator before each batch from (seed, epoch,
+    batch index): the same seed makes the same random draws for a batch whichever worker loads it, how
+    many workers there are, and after a restart, and no two batches repeat each other's draws. The
     dataset may be defined anywhere, a notebook cell or the script itself included: a class that cannot
     be imported by name travels by value (cloudpickle). Batches travel through `/dev/shm`; when it is too
     small for the ring of batches (Docker's default is 64 MB) the ring shrinks, or batches are pickled,
@@ -177,6 +178,7 @@ class FastLoader(keras.utils.PyDataset):
         self._queue_size = max_queue_size
         self._pool: Any = None
         self._signature: Any = None
+        self._lookups = 0  # one-off tasks for __getitem__ outside an epoch; their seq numbers are negative
         self._orders: dict[int, np.ndarray] = {}
         self._armed = False
         self._first: tuple[int, Any, int] | None = None  # (position, batch, samples) of an epoch's first batch, until its second is taken
@@ -229,24 +231,21 @@ class FastLoader(keras.utils.PyDataset):
     # -- the stream of batches ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        # fill_batch is lent arrays shaped like batch 0 (a whole batch: only the last may be short).
-        fills = fill.method(self.dataset) is not None
-        first = self.dataset[0 if fills else self._index(0, 0)]
-        if self._signature is None:
-            self._signature = structure.signature(first)
-        spec, leaves = structure.flatten(first)
-        layout, nbytes = structure.shm_layout(leaves)
-        self._check_memory(nbytes or sum(np.asarray(leaf).nbytes for leaf in leaves))
-        template = (spec, layout) if fills and layout is not None else None
+        # No batch is loaded here: the workers load every one, the first too, so a __getitem__ that
+        # crashes, exits or hangs does so in a worker, under `timeout=`, after the worker's own set-up.
         if self._processes:
-            # Two slots more than the queue: the batches just handed out are usually still in use. A later
-            # batch larger than this first one grows the slots.
+            # Two slots more than the queue: the batches just handed out are usually still in use. The
+            # slots are made for the first batch that comes back, and made larger for a larger one.
             self._pool = pool.ProcessPool(self.dataset, self._num_workers, self._in_flight + 2,
-                                           nbytes if layout is not None else 0, type(self.dataset).__name__,
-                                           seed=self.seed, timeout=self.timeout, template=template)
+                                           type(self.dataset).__name__, seed=self.seed, timeout=self.timeout)
         else:
-            self._pool = threads.ThreadPool(self.dataset, self._num_workers, timeout=self.timeout,
-                                             template=template)
+            self._pool = threads.ThreadPool(self.dataset, self._num_workers, timeout=self.timeout)
+
+    def _first_seen(self, batch: Any, flat: tuple[Any, list[Any]]) -> None:
+        """What the first batch to come back tells: the structure every batch must keep, and its size."""
+        self._signature = structure.signature(batch, flat)
+        _, nbytes = structure.shm_layout(flat[1])
+        self._check_memory(nbytes or sum(np.asarray(leaf).nbytes for leaf in flat[1]))
 
     def _check_memory(self, batch_bytes: int) -> None:
         need = (self._window + 2) * batch_bytes
@@ -292,29 +291,28 @@ class FastLoader(keras.utils.PyDataset):
             # Once interrupted, every further request fails at once: nothing restarts workers while the
             # process unwinds (a framework thread may still ask for the next batch).
             raise KeyboardInterrupt("FastLoader was interrupted by Ctrl-C")
-        if self._pool is None:
-            self._start()
-        self._fill()
         seq = self._consumed
         start = time.perf_counter()
-        try:
+        with self._failures_close():
+            if self._pool is None:
+                self._start()
+            self._fill()
             # Ctrl-C since the last batch counts, not only during this wait: the main thread's own
             # KeyboardInterrupt can be lost (raised inside a finalizer, which Python ignores).
             batch = self._pool.result(seq, self._interrupt_mark)
-        except KeyboardInterrupt:
-            self._interrupted = True
-            self.close()
-            raise
-        except BaseException:
-            self.close()  # a failed pool is not reused
-            raise
-        self.wait_seconds += time.perf_counter() - start
-        self._interrupt_mark = time.monotonic()
-        self._consumed += 1
-        self._fill()
+            self.wait_seconds += time.perf_counter() - start
+            self._interrupt_mark = time.monotonic()
+            self._consumed += 1
+            try:
+                self._fill()
+            except BaseException:
+                self._consumed -= 1  # a worker died since: this batch comes again when the loader restarts
+                raise
         flat = structure.flatten(batch)
         got = structure.signature(batch, flat)
-        if got != self._signature:
+        if self._signature is None:
+            self._first_seen(batch, flat)
+        elif got != self._signature:
             self.close()
             raise TypeError(
                 f"Batch index {self._index(*divmod(seq, self._n))} of {type(self.dataset).__name__} has "
@@ -341,8 +339,27 @@ class FastLoader(keras.utils.PyDataset):
                 return batch
             return self._next()
         # Outside an epoch (Keras probing the first batches, or a user's direct look-up): the batch at
-        # that position of the current epoch, loaded right here.
-        return self.dataset[self._index(self._consumed // self._n, index % self._n)]
+        # that position of the current epoch, loaded by a worker as every batch is (a one-off task).
+        with self._lock, self._failures_close():
+            if self._pool is None:
+                self._start()
+            self._lookups += 1
+            epoch = self._consumed // self._n
+            self._pool.submit(-self._lookups, self._index(epoch, index % self._n), epoch)
+            return self._pool.result(-self._lookups, self._interrupt_mark)
+
+    @contextlib.contextmanager
+    def _failures_close(self) -> Iterator[None]:
+        """A failed pool is not reused: the workers are closed (and start anew on the next batch)."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self._interrupted = True
+            self.close()
+            raise
+        except BaseException:
+            self.close()
+            raise
 
     def on_epoch_begin(self) -> None:
         self._interrupt_mark = time.monotonic()  # a Ctrl-C caught before this epoch is not ours to act on

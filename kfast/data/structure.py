@@ -7,13 +7,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Sequence
+import importlib
+import sys
+import warnings
 from typing import Any
 
 import numpy as np
 
 # How a batch nests: None for a leaf, else (kind, children) with kind "dict" (children: (key, spec) pairs),
-# "list" or "tuple" (children: specs).
-Spec = tuple[str, tuple[Any, ...]] | None
+# "list" or "tuple" (children: specs), or a namedtuple's `(module, qualified name)` (children: specs of its
+# fields). A namedtuple goes by name, so a spec pickles wherever the class lives, and comes back as that
+# class where it is rebuilt (the training process, which has it).
+Spec = tuple[str | tuple[str, str], tuple[Any, ...]] | None
 # What `signature` returns: the nesting, and (dtype string, rank) per leaf.
 Signature = tuple[Spec, tuple[tuple[str, int], ...]]
 
@@ -30,6 +35,9 @@ def _walk(node: Any, leaves: list[Any]) -> Spec:
     if isinstance(node, dict):
         # Keys in a fixed order: Keras matches dict batches by key, so insertion order must not matter.
         return ("dict", tuple((key, _walk(node[key], leaves)) for key in sorted(node, key=str)))
+    if isinstance(node, tuple) and hasattr(type(node), "_fields"):
+        cls = type(node)
+        return ((cls.__module__, cls.__qualname__), tuple(_walk(n, leaves) for n in node))
     if isinstance(node, (tuple, list)):
         return ("list" if isinstance(node, list) else "tuple", tuple(_walk(n, leaves) for n in node))
     leaves.append(node)
@@ -58,7 +66,36 @@ def _build(node: Spec, leaves: Iterator[Any]) -> Any:
     if kind == "dict":
         return {key: _build(child, leaves) for key, child in children}
     items = [_build(child, leaves) for child in children]
+    if isinstance(kind, tuple):
+        return _named(kind)(*items)
     return items if kind == "list" else tuple(items)
+
+
+_classes: dict[tuple[str, str], Any] = {}
+
+
+def _named(name: tuple[str, str]) -> Any:
+    """The namedtuple class `(module, qualified name)`; `tuple` with a warning, once, when this process
+    cannot find it (a class defined inside a function, say)."""
+    if name not in _classes:
+        module, qualname = name
+        found: Any = sys.modules.get(module)
+        try:
+            if found is None:
+                found = importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            warnings.warn(f"FastLoader cannot find the namedtuple class {module}.{qualname} of its batches in "
+                          "this process, so they come back as plain tuples; define the class at the top level "
+                          "of a module or of the script.", stacklevel=4)
+            found = None
+        _classes[name] = found if isinstance(found, type) else _plain_tuple
+    return _classes[name]
+
+
+def _plain_tuple(*items: Any) -> tuple[Any, ...]:
+    return tuple(items)
 
 
 def signature(batch: Any, flat: tuple[Spec, list[Any]] | None = None) -> Signature:
@@ -82,6 +119,8 @@ def _spec_text(node: Spec) -> str:
     if kind == "dict":
         return "{" + ", ".join(f"{k!r}: {_spec_text(c)}" for k, c in children) + "}"
     inner = ", ".join(_spec_text(c) for c in children)
+    if isinstance(kind, tuple):
+        return f"{kind[1]}({inner})"
     return f"[{inner}]" if kind == "list" else f"({inner})"
 
 

@@ -27,10 +27,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     Args:
         optimizer: the Keras optimizer to wrap.
-        compression: `None` or `"fp16"` (exchange float32 gradients as float16, half the traffic).
-            Defaults to `None`.
+        compression: `None` or `"fp16"` (exchange floating gradients, float64 too, as float16: half the
+            traffic of float32, a quarter of float64's; cast back before they are applied). Defaults to `None`.
         backward_passes_per_step: apply once every this many batches, with the gradients averaged over
-            them (gradient accumulation). Defaults to `1`.
+            them (gradient accumulation). The optimizer's `iterations` then counts applied updates, not
+            batches, as Keras's own `gradient_accumulation_steps` does (Horovod counts batches): a schedule
+            on `iterations` advances once per `backward_passes_per_step` batches. Defaults to `1`.
         name: optimizer name. Defaults to `None`.
 
     Raises:
@@ -90,7 +92,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         dense = [None if g is None else ops.convert_to_tensor(g) for g in grads]
         if self.compression == "fp16":
             dtypes = [None if g is None else g.dtype for g in dense]
-            sent = [None if g is None else ops.cast(g, "float16") if g.dtype == "float32" else g for g in dense]
+            # Every floating type goes as float16, float64 too, as Horovod's Compression.fp16 does.
+            sent = [None if g is None else ops.cast(g, "float16") if keras.backend.is_float_dtype(g.dtype) else g
+                    for g in dense]
             return [None if g is None else ops.cast(g, d) for g, d in zip(distributed.allreduce_average(sent), dtypes)]
         return distributed.allreduce_average(dense, name="kfast.grads")
 
@@ -135,5 +139,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None) -> DistributedOptimizer:
+        config = dict(config)  # the caller's dict stays as it was (Keras's from_config never edits it)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)

@@ -279,14 +279,14 @@ def test_workers_draw_different_random_numbers_every_epoch():
     assert len(set(draws)) == len(draws)  # no worker, and no epoch, repeats another's numbers
 
 
-def test_worker_seed_follows_seed_worker_and_epoch():
-    from kfast.data._workers.worker import seed_worker
+def test_batch_seed_follows_seed_epoch_and_index():
+    from kfast.data._workers.worker import seed_batch
 
-    seed_worker(7, 1, 2)
+    seed_batch(7, 1, 2)
     first = (np.random.randint(2**31), __import__("random").random())
-    seed_worker(7, 1, 2)
+    seed_batch(7, 1, 2)
     assert (np.random.randint(2**31), __import__("random").random()) == first
-    seed_worker(7, 0, 2)
+    seed_batch(7, 0, 2)
     assert np.random.randint(2**31) != first[0]
 
 

@@ -105,3 +105,22 @@ def test_a_script_written_for_the_earlier_names_still_trains(tmp_path):
     history = model.fit(x, x.sum(1), epochs=2, verbose=0, callbacks=callbacks)
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert sorted(os.listdir(tmp_path)) == ["best.keras", "epoch-0001.keras", "epoch-0002.keras"]
+
+
+def test_from_config_leaves_the_callers_config_as_it_was():
+    opt = kfast.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="fp16", backward_passes_per_step=2)
+    config = opt.get_config()
+    copy = dict(config)
+    again = kfast.DistributedOptimizer.from_config(config)
+    assert config == copy and again.get_config() == config  # Horovod's own test: cfg == from_config(cfg).get_config()
+    assert kfast.DistributedOptimizer.from_config(config).get_config() == config  # a second call works too
+
+
+def test_fp16_compression_sends_every_floating_type_as_float16():
+    opt = kfast.DistributedOptimizer(keras.optimizers.SGD(0.1), compression="fp16")
+    grads = [np.full((3,), 1 / 3, "float64"), np.full((2,), 1 / 3, "float32"), np.arange(2, dtype="int32")]
+    out = [keras.ops.convert_to_numpy(g) for g in opt._exchange(grads)]
+    assert [g.dtype.name for g in out] == ["float64", "float32", "int32"]  # cast back after the exchange
+    assert out[0][0] == np.float64(np.float16(1 / 3)) != 1 / 3  # it went as float16
+    assert out[1][0] == np.float32(np.float16(1 / 3))
+    assert out[2].tolist() == [0, 1]

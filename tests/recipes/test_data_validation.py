@@ -169,6 +169,12 @@ def test_unparsable_csv_cell_is_an_error_naming_line_and_column(tmp_path):
         tabular.read(path)
 
 
+def test_a_csv_with_a_header_and_no_rows_says_so(tmp_path):
+    path = write_csv(tmp_path / "data.csv", [])
+    with pytest.raises(ValueError, match=r"data\.csv has a header of 4 column\(s\) and no data rows"):
+        tabular.read(path)
+
+
 @pytest.mark.parametrize("x_bad, y_bad, message", [
     ((3, 1), None, r"data\.npz: x\[3, 1\] is nan; x must hold finite numbers"),
     (None, 5, r"data\.npz: y\[5\] is 0\.5; labels must be class ids"),

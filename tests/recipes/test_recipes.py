@@ -71,7 +71,8 @@ def test_launch_builds_the_horovodrun_command():
         "horovodrun", "-np", "8", "-H", "host1:4,host2:4", py, "-m", "kfast.cli", "train", "tabular", "--epochs", "3"]
     assert launch_command(2, None, None, "tabular", [], python=py)[:5] == ["horovodrun", "-np", "2", "-H", "localhost:2"]
     assert launch_command(4, None, "hosts.txt", "tabular", [], python=py)[3:5] == ["--hostfile", "hosts.txt"]
-    for hosts, match in [("host1", "not a host list"), ("a:1,b", "not a host list"), ("a:1,b:2", "offers 3 slot")]:
+    for hosts, match in [("host1", "not a host list"), ("a:1,b", "not a host list"), ("a:1,b:2", "offers 3 slot"),
+                         ("", "-H '' names no host"), (" ", "-H ' ' names no host")]:
         with pytest.raises(ValueError, match=match):
             launch_command(4, hosts, None, "tabular", [])
 

@@ -49,6 +49,17 @@ def fill(fill_batch, index, template, buffer=None, offset=0):
     return layout, [leaf[:rows] if leaf.ndim else leaf for leaf in leaves]
 
 
+def template_of(dataset):
+    """Batch 0's `(spec, layout)`, the arrays `fill_batch` is lent, or None when the dataset has no
+    `fill_batch` or batch 0 is not plain numeric arrays. It loads batch 0 with `__getitem__`: run it where
+    batches are loaded (a worker), never in the training process."""
+    if method(dataset) is None:
+        return None
+    spec, leaves = structure.flatten(dataset[0])  # a whole batch: only the last may be short
+    layout, _ = structure.shm_layout(leaves)
+    return (spec, layout) if layout is not None else None
+
+
 def new_batch(fill_batch, template, index):
     """Batch `index` written by `fill_batch` into fresh arrays (worker threads, or no free slot)."""
     _, leaves = fill(fill_batch, index, template)

@@ -7,6 +7,9 @@ fd" at once, from C: a watcher thread reads it and notes the time, and passes ev
 held the fd before (asyncio in a notebook kernel, say), so their own handling is unchanged. A loader
 waiting for a batch checks the note and gives up.
 
+The same note is kept for SIGTERM and SIGHUP, whose handler (`signals`) frees the loaders' memory and
+ends the process: when the main thread cannot run it, the waiting loader does the same (see `terminated`).
+
 When the main thread does not react within a moment, it is stuck in the framework waiting for a batch.
 In a notebook the waiting loader then raises KeyboardInterrupt, which fails the framework's op and ends
 `fit`. In a script, unwinding through the framework's half-failed op can deadlock the interpreter's
@@ -23,6 +26,8 @@ import threading
 import time
 
 _last = 0.0
+_terminating: tuple[int, float] | None = None  # (signal, monotonic time) of the first SIGTERM or SIGHUP
+_TERMINATING = {getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)}
 _lock = threading.Lock()
 _installed = False
 
@@ -47,7 +52,7 @@ def install():
 
 
 def _watch(reader, writer, previous):
-    global _last
+    global _last, _terminating
     while True:
         try:
             data = reader.recv(256)
@@ -57,6 +62,9 @@ def _watch(reader, writer, previous):
             return
         if signal.SIGINT in data:
             _last = time.monotonic()
+        arrived = [s for s in data if s in _TERMINATING]
+        if arrived and _terminating is None:
+            _terminating = (arrived[0], time.monotonic())
         if previous != -1:
             try:
                 os.write(previous, data)
@@ -71,6 +79,19 @@ def since(start, grace):
     whenever it is not stuck waiting for this loader.
     """
     return _last > start and time.monotonic() - _last >= grace
+
+
+def terminated(grace):
+    """The SIGTERM or SIGHUP that arrived at least `grace` seconds ago, or None.
+
+    Only a signal whose handler is still kfast's counts: a handler of the user's own decides for itself.
+    """
+    from kfast.data._workers import signals
+
+    if _terminating is None or time.monotonic() - _terminating[1] < grace:
+        return None
+    signum = _terminating[0]
+    return signum if signal.getsignal(signum) is signals.handler() else None
 
 
 def interactive():

@@ -4,7 +4,8 @@ never positional tuples. Imported by workers: dataclasses only.
 
 Loader to worker: `Task`, `NewDataset` (after an epoch hook changed the dataset), `NewRing` (write into
 this segment from now on; `name` None: no ring) and `Stop`. Worker to loader: `Ready` once, when it has
-unpickled the dataset, then per task one of `InSharedMemory`, `Pickled` or `Failed`.
+unpickled the dataset (or `StartFailed`, and it exits), then per task one of `InSharedMemory`, `Pickled`
+or `Failed`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ class Ready:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class StartFailed:
+    """The worker could not start (the dataset did not unpickle, say); `text` is its traceback."""
+
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class InSharedMemory:
     """Task `seq`'s arrays are in its slot, laid out as `layout` (dtype, shape, offset per leaf) under the
     nesting `spec`."""
@@ -60,22 +68,27 @@ class InSharedMemory:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pickled:
-    """Task `seq`'s batch itself: not plain numeric arrays (`wanted` 0), or no slot was free or big enough
-    (`wanted`: the slot size it would need, in bytes)."""
+    """Task `seq`'s batch itself, as its nesting `spec` and `leaves`: not plain numeric arrays (`wanted` 0),
+    or no slot was free or big enough (`wanted`: the slot size it would need, in bytes)."""
 
     seq: int
-    batch: Any
+    spec: Any
+    leaves: list[Any]
     wanted: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Failed:
-    """The dataset raised on task `seq` (batch `index`); `text` is the worker's formatted traceback, naming
-    its pid."""
+    """The dataset raised on task `seq` (batch `index`) in worker `worker` (process `pid`): `error` is the
+    exception itself when it survives pickling (it is re-raised with its own type), `text` the worker's
+    formatted traceback."""
 
     seq: int
     index: int
     text: str
+    worker: int
+    pid: int
+    error: BaseException | None = None
 
 
 Reply = InSharedMemory | Pickled | Failed

@@ -38,6 +38,8 @@ from kfast.data._workers import interrupt
 from kfast.data._workers import messages
 from kfast.data._workers import ring as _ring
 from kfast.data._workers import server_env
+from kfast.data._workers import signals
+from kfast.data._workers import sweep
 from kfast.data._workers import worker
 from kfast.data import structure
 from kfast.data._workers.worker_form import worker_form
@@ -55,7 +57,21 @@ _INTERRUPT_GRACE_S = 0.5  # after Ctrl-C, the main thread's own KeyboardInterrup
 
 
 class WorkerError(RuntimeError):
-    """A FastLoader worker failed; the message holds the batch index and the worker's traceback."""
+    """A FastLoader worker failed as a worker: it was killed, exited, could not start, timed out, or raised
+    an exception that cannot be sent back. The message names the worker, its pid and the batch index.
+
+    An exception the dataset raises reaches the caller with its own type instead (a `ValueError` stays a
+    `ValueError`), with the same facts and the worker's traceback in a note.
+    """
+
+
+def raise_failure(error, facts):
+    """Raises the dataset's `error` with `facts` (worker, batch index, the worker's traceback) as a note, as
+    PyTorch's DataLoader re-raises a worker's exception with its type; a `WorkerError` when there is none."""
+    if error is None:
+        raise WorkerError(facts)
+    error.add_note(facts)
+    raise error
 
 
 def dumps(dataset):
@@ -84,8 +100,9 @@ def _server_environment():
     Set only while processes start: other programs this process runs later must not inherit them (a
     Python child that imported `kfast.data._workers.server_path` would take on this process's path).
     """
-    values = {server_env.TEMP_DIR_VARIABLE: multiprocessing.util.get_temp_dir(),
-              server_env.PATH_VARIABLE: json.dumps(sys.path)}
+    temp_dir = multiprocessing.util.get_temp_dir()
+    sweep.mark(temp_dir)  # so that a later loader can remove it if this whole process group is killed
+    values = {server_env.TEMP_DIR_VARIABLE: temp_dir, server_env.PATH_VARIABLE: json.dumps(sys.path)}
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
@@ -178,6 +195,10 @@ class Waiter:
                 raise KeyboardInterrupt("FastLoader stopped waiting for a batch: Ctrl-C")
             interrupt.end_process(f"Ctrl-C while the training loop waited {now - self.start:.0f} s for a batch "
                                    "from a FastLoader worker; FastLoader closed its workers and ended the process.")
+        signum = interrupt.terminated(_INTERRUPT_GRACE_S)
+        if signum is not None:
+            signals.end_by(signum, f"received while the training loop waited {now - self.start:.0f} s for a batch "
+                                   "from a FastLoader worker; FastLoader closed its workers and ended the process.")
         if self.timeout is not None and now - self.start > self.timeout:
             raise WorkerError(f"FastLoader timed out after {self.timeout:g} s (timeout=) waiting for "
                               f"{self.describe()}")
@@ -190,9 +211,11 @@ class Waiter:
 class ProcessPool:
     """`workers` processes from the fork server; numeric batches come back in `slots` shared-memory slots.
 
-    `template` (batch 0's `(spec, layout)`, see `_fill`) lets a dataset with `fill_batch` write into them."""
+    The slots are made when the first batch comes back, pickled, saying how many bytes it needs (and made
+    anew, larger, when a larger batch comes): the training process never loads a batch itself to learn
+    its size, so whatever a `__getitem__` does (crash, exit, hang) happens in a worker."""
 
-    def __init__(self, dataset, workers, slots, slot_bytes, name, seed=0, timeout=None, template=None):
+    def __init__(self, dataset, workers, slots, name, seed=0, timeout=None):
         dataset = worker_form(dataset)  # what the workers load: the dataset, or its lighter worker_dataset()
         try:
             payload = dumps(dataset)
@@ -202,9 +225,10 @@ class ProcessPool:
                 f"pickled ({type(e).__name__}: {e}). Keep open files, locks and sockets out of its state "
                 "(open them lazily in __getitem__), or pass use_multiprocessing=False to use threads."
             ) from e
+        sweep.sweep()  # what loaders of processes killed with their whole group left behind
         self._slots, self._timeout = slots, timeout
         self._state: dict[str, Any] = {"rings": [], "stacks": []}
-        self._ring = self._make_ring(slot_bytes)
+        self._ring = None
         ring = self._ring_message()
         self._busy: dict[int, tuple[Any, int]] = {}  # seq -> (ring, slot) for tasks in flight that were lent a slot
         ctx = _context(dataset)
@@ -217,7 +241,7 @@ class ProcessPool:
             parent_end, child_end = ctx.Pipe(duplex=True)
             stack_read, stack_write = ctx.Pipe(duplex=False)
             p = ctx.Process(target=worker.run, name=f"kfast-loader-{i}", daemon=True,
-                            args=(child_end, lifeline_read, stack_write, payload, ring, seed, i, template))
+                            args=(child_end, lifeline_read, stack_write, payload, ring, seed, i))
             with _main_hidden(), _server_environment():
                 p.start()
             child_end.close()  # so a dead worker reads as EOF here, not as silence
@@ -235,12 +259,12 @@ class ProcessPool:
         self._pending: list[dict[int, int]] = [{} for _ in range(workers)]  # per worker: seq -> index
         self._replies: dict[int, messages.Reply] = {}
         self._started = [False] * workers
+        self._tried_bytes = 0  # the largest batch the slots were (re)made for
+        self._start_failures: dict[int, str] = {}  # worker -> its traceback, from StartFailed
         self.shm_batches = self.pickled_batches = 0
 
     def _make_ring(self, slot_bytes):
         """A ring of `self._slots` slots that fits `/dev/shm`, fewer slots when it must, or None."""
-        if not slot_bytes:
-            return None
         free = _ring.free_bytes()
         slots = min(self._slots, int(free * 0.9) // slot_bytes)
         while slots >= 2:
@@ -261,11 +285,13 @@ class ProcessPool:
 
     def _grow(self, nbytes):
         """Replaces the ring by one whose slots hold `nbytes`; the old one lives on for its batches."""
-        old = self._ring
-        self._ring = self._make_ring(-(-nbytes // 4096) * 4096)
+        old, new = self._ring, self._make_ring(-(-nbytes // 4096) * 4096)
+        if new is None:
+            return  # /dev/shm has no room for it (_make_ring said so): batches this big travel pickled
+        self._ring = new
         message = self._ring_message()
-        for conn in self._conns:
-            conn.send(message)
+        for w in range(len(self._conns)):
+            self._send(w, message)
         if old is not None:
             old.unlink()  # tasks in flight still write into it, and handed-out batches keep their mappings
 
@@ -275,12 +301,18 @@ class ProcessPool:
         slot = self._ring.acquire() if self._ring else -1
         if slot >= 0:
             self._busy[seq] = (self._ring, slot)
-        self._conns[w].send(messages.Task(seq, index, epoch, slot))
+        self._send(w, messages.Task(seq, index, epoch, slot))
+
+    def _send(self, w, message):
+        try:
+            self._conns[w].send(message)
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            self._raise_dead(w)  # killed (SIGKILL, out of memory) since its last reply
 
     def update_dataset(self, dataset):
         payload = dumps(worker_form(dataset))
-        for conn in self._conns:
-            conn.send(messages.NewDataset(payload))
+        for w in range(len(self._conns)):
+            self._send(w, messages.NewDataset(payload))
 
     def _describe(self, seq):
         for w, pending in enumerate(self._pending):
@@ -305,6 +337,10 @@ class ProcessPool:
                 self._started[w] = True
                 if isinstance(reply, messages.Ready):
                     continue
+                if isinstance(reply, messages.StartFailed):
+                    self._start_failures[w] = reply.text
+                    self._started[w] = False
+                    self._raise_dead(w)
                 self._pending[w].pop(reply.seq, None)
                 self._replies[reply.seq] = reply
             if seq in self._replies:
@@ -323,12 +359,18 @@ class ProcessPool:
         code = p.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         pending = sorted(self._pending[w].values())
+        if w in self._start_failures or not self._started[w]:
+            # Tasks are queued in its pipe from the start: none of them was being loaded.
+            why = self._start_failures.get(w)
+            raise WorkerError(
+                f"FastLoader worker {w} (pid {p.pid}) failed while starting, before loading any batch"
+                + (f"; its traceback:\n{why}" if why else f": it {how}; its output above may say why") +
+                "\nOften the dataset's module cannot be imported in a fresh interpreter (run `python -c 'import "
+                "<your module>'` to see), or its state cannot be unpickled. Pass use_multiprocessing=False to "
+                "use threads instead.")
         where = f" while loading batch index {pending[0]}" if pending else ""
         hint = ("Out of memory is the usual cause of a kill (check `dmesg`); a dataset that calls os._exit or "
                 "crashes in native code is another.")
-        if code == 1 and not self._started[w]:
-            hint = ("It failed while starting; its traceback is above (often: the dataset's module cannot be "
-                    "imported in a fresh interpreter). Pass use_multiprocessing=False to use threads instead.")
         raise WorkerError(f"FastLoader worker {w} (pid {p.pid}) {how}{where}. {hint}")
 
     def _decode(self, reply):
@@ -340,11 +382,13 @@ class ProcessPool:
             ring.give_back(slot)
         if isinstance(reply, messages.Pickled):
             self.pickled_batches += 1
-            wanted = reply.wanted
-            if wanted and (self._ring is None or wanted > self._ring.slot_bytes) and wanted * 2 <= _ring.free_bytes():
-                self._grow(wanted)  # a bigger batch than any before: later ones fit again
-            return reply.batch
-        raise WorkerError(f"FastLoader worker failed on batch index {reply.index}; its traceback:\n{reply.text}")
+            if reply.wanted > self._tried_bytes:
+                # The first numeric batch, or a bigger one than any before: later ones fit in a slot again.
+                self._tried_bytes = reply.wanted
+                self._grow(reply.wanted)
+            return structure.unflatten(reply.spec, reply.leaves)
+        raise_failure(reply.error, f"FastLoader worker {reply.worker} (pid {reply.pid}) failed on batch index "
+                                   f"{reply.index}; the worker's traceback:\n{reply.text}")
 
     def close(self):
         self._finalizer()

@@ -14,7 +14,9 @@ SIGTERM" (143 in a shell). A handler of the user's own, or SIG_IGN (`nohup`), is
 signals are ignored while the clean-up runs; it is bounded by the loaders' own shutdown (about a second).
 
 Python runs signal handlers in the main thread between bytecodes: when the main thread waits inside a
-TensorFlow op, the clean-up starts as the op returns (Keras comes back to Python after every step).
+TensorFlow op, the clean-up starts as the op returns (Keras comes back to Python after every step). When
+the op waits for a batch that does not come, the loader's waiting thread sees the signal (`interrupt`
+notes it) and does the same in its place: `end_by`, exit status 128 + the signal, as a shell reports it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,23 @@ def _handle(signum, frame):
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)
         os._exit(128 + signum)  # only reached if the signal is blocked in this thread
+
+
+def handler():
+    """The handler `watch` installs (for telling it from a user's own)."""
+    return _handle
+
+
+def end_by(signum, message):
+    """Says why on stderr, closes every loader, and ends the process with status 128 + `signum`."""
+    import sys
+
+    sys.stderr.write(f"\n{signal.Signals(signum).name}: {message}\n")
+    sys.stderr.flush()
+    try:
+        clean_up()
+    finally:
+        os._exit(128 + signum)  # not from the main thread: no re-raising the signal, no unwinding
 
 
 def clean_up():

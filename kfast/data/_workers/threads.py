@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from typing import Any
 from concurrent import futures
 from concurrent.futures import Future
@@ -22,6 +23,7 @@ from kfast.data._workers import fill
 from kfast.data._workers.pool import _POLL_S
 from kfast.data._workers.pool import Waiter
 from kfast.data._workers.pool import WorkerError
+from kfast.data._workers.pool import raise_failure
 
 _CLOSE_WAIT_S = 2.0
 
@@ -43,12 +45,20 @@ def _run(tasks, running):
             running.pop(threading.get_ident(), None)
 
 
-class ThreadPool:
-    """`workers` daemon threads sharing the dataset; with `template` (see `_fill`), `fill_batch` writes
-    each batch into fresh arrays, as it writes into shared memory in worker processes."""
+def _stop(tasks, threads):
+    # A loader dropped without close(): its threads take one stop each and end, instead of waiting in
+    # tasks.get() for the life of the process. (They hold the queue, never the pool, so the pool can go.)
+    for _ in threads:
+        tasks.put(None)
 
-    def __init__(self, dataset, workers, timeout=None, template=None):
-        self._timeout, self._template = timeout, template
+
+class ThreadPool:
+    """`workers` daemon threads sharing the dataset; a dataset with `fill_batch` writes each batch into
+    fresh arrays laid out like batch 0, as it writes into shared memory in worker processes."""
+
+    def __init__(self, dataset, workers, timeout=None):
+        self._timeout = timeout
+        self._template_lock = threading.Lock()
         self.update_dataset(dataset)
         self._tasks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._running: dict[int, int] = {}  # thread ident -> batch index it is loading
@@ -56,6 +66,7 @@ class ThreadPool:
                                           name=f"kfast-loader-{i}") for i in range(workers)]
         for t in self._threads:
             t.start()
+        self._finalizer = weakref.finalize(self, _stop, self._tasks, list(self._threads))
         self._futures: dict[int, tuple[int, Future[Any]]] = {}
 
     def submit(self, seq, index, epoch):
@@ -64,9 +75,19 @@ class ThreadPool:
         self._tasks.put((future, self._load, index))
 
     def update_dataset(self, dataset):
-        fill_batch = fill.method(dataset) if self._template is not None else None
-        self._load = (functools.partial(fill.new_batch, fill_batch, self._template) if fill_batch is not None
-                      else dataset.__getitem__)
+        self._dataset, self._template, self._probed = dataset, None, False
+        self._load = self._first_load if fill.method(dataset) is not None else dataset.__getitem__
+
+    def _first_load(self, index):
+        # fill_batch's layout comes from batch 0, loaded in a worker thread like any batch (under timeout=).
+        with self._template_lock:
+            if not self._probed:
+                self._template, self._probed = fill.template_of(self._dataset), True
+                if self._template is not None:
+                    self._load = functools.partial(fill.new_batch, fill.method(self._dataset), self._template)
+                else:
+                    self._load = self._dataset.__getitem__
+        return self._load(index)
 
     def _describe(self, index):
         frames = sys._current_frames()
@@ -84,9 +105,11 @@ class ThreadPool:
                 return future.result(timeout=_POLL_S)
             except futures.TimeoutError:
                 waiter.check()
-            except Exception as e:  # noqa: BLE001 - re-raised with the batch index, original chained
-                raise WorkerError(f"FastLoader worker thread failed on batch index {index}: "
-                                  f"{type(e).__name__}: {e}") from e
+            except Exception as e:  # noqa: BLE001 - re-raised with its own type, the batch index noted
+                raise_failure(e, f"FastLoader worker thread failed on batch index {index}.")
+            except BaseException as e:  # sys.exit() in __getitem__: it ends no process from a worker
+                raise WorkerError(f"FastLoader worker thread stopped on batch index {index}: the dataset raised "
+                                  f"{type(e).__name__}({e}).") from e
 
     def close(self):
         for _, future in self._futures.values():
@@ -103,3 +126,4 @@ class ThreadPool:
                           f"after {_CLOSE_WAIT_S:g} s ({', '.join(stuck)}); they are abandoned and will not "
                           "delay exit.", stacklevel=3)
         self._threads = []
+        self._finalizer.detach()  # the stops are queued already

@@ -1,12 +1,12 @@
 """The loop a FastLoader worker process runs. It imports numpy and kfast's data structure helpers only.
 
 A worker owns one end of a duplex pipe and speaks the messages of `messages`: it sends `Ready` once it has
-unpickled the dataset, then answers each `Task` with `InSharedMemory` (the batch's arrays were written
-into the task's slot, straight from the dataset when it has `fill_batch`, see `fill`), `Pickled` (not
-plain numeric arrays, or no slot free or big enough) or `Failed` (the dataset raised); `NewDataset` and
-`NewRing` change what it loads from and writes into, `Stop` ends it. It starts with `template`, batch 0's
-structure and layout, when the dataset's batches are numeric: a dataset with `fill_batch` then writes
-each batch into views of its slot laid out that way.
+unpickled the dataset (`StartFailed`, with the traceback, if it cannot), then answers each `Task` with
+`InSharedMemory` (the batch's arrays were written into the task's slot, straight from the dataset when it
+has `fill_batch`, see `fill`), `Pickled` (not plain numeric arrays, or no slot free or big enough) or
+`Failed` (the dataset raised: the exception itself when it pickles, and its traceback); `NewDataset` and
+`NewRing` change what it loads from and writes into, `Stop` ends it. A dataset with `fill_batch` is lent
+arrays laid out like batch 0, which the worker loads once itself to learn that layout.
 
 On SIGUSR1 it writes its Python stack to `stack_conn` (faulthandler, which works even while the
 dataset's code is stuck), so the loader can say where a slow batch is.
@@ -60,10 +60,12 @@ def _reuse_freed_memory():
     mallopt(_M_TRIM_THRESHOLD, _KEEP_FREED_BYTES)
 
 
-def seed_worker(seed, worker_id, epoch):
-    """Seeds `random` and numpy's global generator from (loader seed, worker id, epoch), as PyTorch's
-    DataLoader seeds its workers: each worker, epoch and restart draws its own reproducible stream."""
-    state = np.random.SeedSequence([seed, worker_id, epoch]).generate_state(4)
+def seed_batch(seed, epoch, index):
+    """Seeds `random` and numpy's global generator from (loader seed, epoch, batch index) before a batch
+    is loaded. PyTorch's DataLoader seeds each worker once and deals batches to workers in turn; FastLoader
+    gives a batch to whichever worker is free, so the draws follow the batch instead: the same seed makes
+    the same augmentations whichever worker loads a batch, how many there are, and after a restart."""
+    state = np.random.SeedSequence([seed, epoch, index]).generate_state(4)
     np.random.seed(state)
     random.seed(int.from_bytes(state.tobytes(), "little"))
 
@@ -75,11 +77,16 @@ def _attach(name):
         return None
     # Workers share the parent's resource tracker, so attaching adds no second owner: the parent
     # unlinks the segment on close, and the tracker does if the parent dies.
-    return shared_memory.SharedMemory(name=name)
+    try:
+        return shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        # A worker that started late, or read its pipe late: the loader has grown the slots since and
+        # unlinked this segment; the newer one's NewRing is queued behind. Its tasks travel pickled.
+        return None
 
 
 def _load(dataset, task, shm, slot_bytes, template):
-    """Loads `task`'s batch and returns the reply that carries it."""
+    """Loads `task`'s batch and returns the reply that carries it (`wanted`: the slot size it needs)."""
     index, slot = task.index, task.slot
     fill_batch = fill.method(dataset) if template is not None else None
     if fill_batch is not None and shm is not None and slot >= 0:
@@ -89,10 +96,12 @@ def _load(dataset, task, shm, slot_bytes, template):
     batch = fill.new_batch(fill_batch, template, index) if fill_batch is not None else dataset[index]
     spec, leaves = structure.flatten(batch)
     layout, nbytes = structure.shm_layout(leaves)
-    if layout is None or shm is None:
-        return messages.Pickled(task.seq, batch, 0)
-    if nbytes > slot_bytes or slot < 0:
-        return messages.Pickled(task.seq, batch, nbytes)
+    # Pickled as its nesting and leaves: a namedtuple class the worker only has by value (defined in the
+    # training script) travels by name, as in shared memory.
+    if layout is None:
+        return messages.Pickled(task.seq, spec, leaves, 0)
+    if shm is None or nbytes > slot_bytes or slot < 0:
+        return messages.Pickled(task.seq, spec, leaves, nbytes)
     base = slot * slot_bytes
     for leaf, (dtype, shape, offset) in zip(leaves, layout):
         dst = np.ndarray(shape, dtype, buffer=shm.buf, offset=base + offset)
@@ -100,18 +109,37 @@ def _load(dataset, task, shm, slot_bytes, template):
     return messages.InSharedMemory(task.seq, spec, layout)
 
 
+def _portable(error):
+    """`error` when it survives pickling both ways (it then reaches the user with its own type), else None."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - an exception of a class that cannot be rebuilt travels as text
+        return None
+    return error
+
+
+def _failed(task, worker_id, error):
+    # The traceback is formatted here, where its frames are; the exception travels without them.
+    return messages.Failed(task.seq, task.index, traceback.format_exc(), worker_id, os.getpid(), _portable(error))
+
+
 def run(conn: Any, lifeline: Any, stack_conn: Any, dataset_payload: bytes, ring: messages.NewRing, seed: int,
-        worker_id: int, template: Any = None) -> None:
+        worker_id: int) -> None:
     """The worker's main loop; `ring` is the segment to write into first."""
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(lifeline,), name="kfast-lifeline", daemon=True).start()
     faulthandler.register(signal.SIGUSR1, file=stack_conn.fileno(), all_threads=False)
     _reuse_freed_memory()
-    dataset = pickle.loads(dataset_payload)  # may import the dataset's module: seconds, with Keras
-    shm, slot_bytes = _attach(ring.name), ring.slot_bytes
+    try:
+        dataset = pickle.loads(dataset_payload)  # may import the dataset's module: seconds, with Keras
+        shm, slot_bytes = _attach(ring.name), ring.slot_bytes
+    except Exception:  # noqa: BLE001 - the loader raises it, with this traceback
+        conn.send(messages.StartFailed(f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"))
+        return
     conn.send(messages.Ready())  # a batch's timeout counts from here
     epoch = None
+    template, probed = None, False  # fill_batch's template comes from batch 0, loaded here: never in the training process
     try:
         while True:
             try:
@@ -130,21 +158,22 @@ def run(conn: Any, lifeline: Any, stack_conn: Any, dataset_payload: bytes, ring:
                 continue
             task = message
             try:
-                if task.epoch != epoch:
-                    seed_worker(seed, worker_id, task.epoch)
-                    if hasattr(dataset, "set_epoch"):
-                        dataset.set_epoch(task.epoch)
+                if task.epoch != epoch and hasattr(dataset, "set_epoch"):
+                    dataset.set_epoch(task.epoch)
                 epoch = task.epoch
+                seed_batch(seed, task.epoch, task.index)
+                if not probed:
+                    template, probed = fill.template_of(dataset), True
                 reply = _load(dataset, task, shm, slot_bytes, template)
-            except Exception:  # noqa: BLE001 - every dataset error goes back to the parent
-                reply = messages.Failed(task.seq, task.index, f"worker pid {os.getpid()}:\n{traceback.format_exc()}")
+            except Exception as e:  # noqa: BLE001 - every dataset error goes back to the parent
+                reply = _failed(task, worker_id, e)
             try:
                 conn.send(reply)
             except (BrokenPipeError, EOFError, OSError):
                 return
-            except Exception:  # noqa: BLE001 - e.g. an unpicklable batch
-                conn.send(messages.Failed(task.seq, task.index, f"worker pid {os.getpid()}: batch cannot be sent to "
-                                          f"the parent process:\n{traceback.format_exc()}"))
+            except Exception as e:  # noqa: BLE001 - e.g. an unpicklable batch
+                text = f"the batch cannot be sent to the training process:\n{traceback.format_exc()}"
+                conn.send(messages.Failed(task.seq, task.index, text, worker_id, os.getpid(), _portable(e)))
     finally:
         if shm is not None:
             shm.close()
