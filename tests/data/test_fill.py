@@ -8,7 +8,6 @@ import pytest
 import datasets
 from kfast.data import ArrayDataset
 from kfast.data import FastLoader
-from kfast.data import WorkerError
 from kfast.data import shard
 
 MODES = [pytest.param(True, id="processes"), pytest.param(False, id="threads")]
@@ -47,8 +46,8 @@ def test_a_shuffled_loader_that_starts_with_the_short_batch(use_multiprocessing)
 def test_every_batch_after_the_first_comes_from_fill_batch(use_multiprocessing):
     with FastLoader(datasets.FillsOnly(n=7), workers=2, use_multiprocessing=use_multiprocessing) as loader:
         got = [(x.copy(), y.copy()) for x, y in loader]  # copies: each slot goes back as its batch is dropped
-        if use_multiprocessing:
-            assert loader._pool.shm_batches == 7 and loader._pool.pickled_batches == 0
+        if use_multiprocessing:  # the first ones, asked for before the slots were made, travel pickled
+            assert loader._pool.shm_batches >= 3 and loader._pool.shm_batches + loader._pool.pickled_batches == 7
     assert [int(x[0, 0]) for x, _ in got] == list(range(7))
     assert [len(x) for x, _ in got] == [4] * 6 + [2]
     assert all(np.array_equal(y, np.tile([i, i * i], (len(y), 1))) for i, (_, y) in enumerate(got))
@@ -65,14 +64,12 @@ def test_batches_held_past_the_ring_are_filled_and_pickled():
 @pytest.mark.parametrize("use_multiprocessing", MODES)
 def test_an_error_in_fill_batch_reaches_the_caller_with_its_traceback(use_multiprocessing):
     loader = FastLoader(datasets.FillsOnly(n=8, bad=3), workers=2, use_multiprocessing=use_multiprocessing)
-    with pytest.raises(WorkerError, match="batch index 3") as info:
+    with pytest.raises(ValueError, match="cannot decode record 3 into the slot") as info:  # its own type
         list(loader)
+    text = "".join(traceback.format_exception(info.value))
+    assert "failed on batch index 3" in text
     if use_multiprocessing:
-        text = str(info.value)
-        assert "Traceback" in text and "worker pid" in text
-    else:
-        text = "".join(traceback.format_exception(info.value.__cause__))
-    assert "cannot decode record 3 into the slot" in text
+        assert "Traceback" in text and "(pid " in text
     assert "in fill_batch" in text and "datasets.py" in text
     loader.close()
 
@@ -80,10 +77,11 @@ def test_an_error_in_fill_batch_reaches_the_caller_with_its_traceback(use_multip
 @pytest.mark.parametrize("use_multiprocessing", MODES)
 def test_fill_batch_returning_a_bad_count_is_an_error(use_multiprocessing):
     loader = FastLoader(datasets.FillsOnly(n=4, returns=9), workers=1, use_multiprocessing=use_multiprocessing)
-    with pytest.raises(WorkerError, match="batch index 0") as info:
+    with pytest.raises(ValueError, match="fill_batch") as info:
         list(loader)
-    text = f"{info.value} {info.value.__cause__}"
-    assert "fill_batch(0, out) of FillsOnly returned 9" in text and "an int from 1 to 4" in text
+    text = "".join(traceback.format_exception(info.value))
+    assert "failed on batch index" in text
+    assert "of FillsOnly returned 9" in text and "an int from 1 to 4" in text
     loader.close()
 
 

@@ -1,6 +1,7 @@
 """What PyTorch's DataLoader and Keras's PyDataset promise, FastLoader keeps: every batch, the first too,
 is loaded by a worker; errors keep their type; a dead worker is named; nothing leaks (issue 26)."""
 
+import contextlib
 import gc
 import glob
 import json
@@ -53,7 +54,9 @@ def test_a_slow_first_batch_is_under_timeout(use_multiprocessing):
     loader = FastLoader(datasets.SlowFirst(n=3, delay=20), workers=1, use_multiprocessing=use_multiprocessing,
                         timeout=1)
     start = time.monotonic()
-    with pytest.raises(WorkerError, match=r"timed out after 1 s .*batch index 0"):
+    # Threads: the one still sleeping in __getitem__ is abandoned when the loader closes, and said so.
+    abandoned = contextlib.nullcontext() if use_multiprocessing else pytest.warns(UserWarning, match="abandoned")
+    with pytest.raises(WorkerError, match=r"timed out after 1 s .*batch index 0"), abandoned:
         next(iter(loader))
     assert time.monotonic() - start < 10
     loader.close()
@@ -79,12 +82,16 @@ def test_keras_look_ups_outside_an_epoch_are_loaded_by_a_worker(use_multiprocess
 def test_a_killed_worker_is_named_and_the_pool_closed():
     loader = FastLoader(datasets.Squares(n=50, delay=0.02), workers=2, max_queue_size=4)
     stream = iter(loader)
-    next(stream)
+    taken = 0
+    while not all(loader._pool._started) and taken < 20:  # both at work (not still starting)
+        next(stream)
+        taken += 1
+    assert all(loader._pool._started)
     victim = loader._pool._processes[1]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(timeout=10)
     with pytest.raises(WorkerError, match=rf"FastLoader worker 1 \(pid {victim.pid}\) was killed by signal 9"):
-        for _ in range(49):
+        for _ in range(50 - taken):
             next(stream)
     assert loader._pool is None  # closed: the other worker is gone too
     loader.close()
@@ -172,7 +179,7 @@ def test_namedtuple_batches_keep_their_type(use_multiprocessing):
                     use_multiprocessing=use_multiprocessing) as loader:
         batches = list(loader)
         if use_multiprocessing:
-            assert loader._pool.shm_batches >= 5  # through shared memory, where the type used to be lost
+            assert loader._pool.shm_batches >= 3  # through shared memory (4 slots, all held), where the type was lost
     assert all(type(b) is datasets.Pair for b in batches)
     assert [int(b.label[0, 0]) for b in batches] == list(range(8))
 

@@ -354,6 +354,7 @@ class ProcessPool:
         return self._decode(self._replies.pop(seq))
 
     def _raise_dead(self, w):
+        self._drain(w)  # what it sent before it died says whether it had started
         p = self._processes[w]
         p.join(timeout=1)
         code = p.exitcode
@@ -372,6 +373,21 @@ class ProcessPool:
         hint = ("Out of memory is the usual cause of a kill (check `dmesg`); a dataset that calls os._exit or "
                 "crashes in native code is another.")
         raise WorkerError(f"FastLoader worker {w} (pid {p.pid}) {how}{where}. {hint}")
+
+    def _drain(self, w):
+        conn = self._conns[w]
+        try:
+            while conn.poll(0):
+                reply = conn.recv()
+                if isinstance(reply, messages.StartFailed):
+                    self._start_failures[w] = reply.text
+                    return
+                self._started[w] = True
+                if not isinstance(reply, messages.Ready):
+                    self._pending[w].pop(reply.seq, None)
+                    self._replies[reply.seq] = reply
+        except (EOFError, OSError):
+            pass
 
     def _decode(self, reply):
         ring, slot = self._busy.pop(reply.seq, (None, -1))
