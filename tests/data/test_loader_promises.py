@@ -82,7 +82,8 @@ def test_keras_look_ups_outside_an_epoch_are_loaded_by_a_worker(use_multiprocess
 def test_a_killed_worker_is_named_and_the_pool_closed():
     loader = FastLoader(datasets.Squares(n=50, delay=0.02), workers=2, max_queue_size=4)
     stream = iter(loader)
-    taken = 0
+    next(stream)
+    taken = 1
     while not all(loader._pool._started) and taken < 20:  # both at work (not still starting)
         next(stream)
         taken += 1
