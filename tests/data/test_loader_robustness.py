@@ -349,12 +349,13 @@ def test_a_worker_error_inside_fit_reaches_the_training_process():
 
 def test_a_forked_child_stopped_by_sigterm_leaves_the_parents_loaders_alone(tmp_path):
     # Keras's own process pool forks the training process and stops its children with SIGTERM: a child
-    # must not close the parent's loaders or remove the fork server's directory (the next pool then failed).
+    # must not close the parent's loaders or remove the fork server's directory (the next pool then failed),
+    # nor, through the signal wake-up socket it shares with the parent, end a parent that waits for a batch.
     script = tmp_path / "fork.py"
     script.write_text(PRELUDE + textwrap.dedent("""
         import multiprocessing, signal
         from kfast.data import FastLoader
-        with FastLoader(datasets.Squares(n=4), workers=1) as loader:
+        with FastLoader(datasets.Squares(n=4, delay=0.6), workers=1) as loader:
             print([int(x[0, 0]) for x, _ in loader])
             pid = os.fork()
             if pid == 0:

@@ -32,6 +32,21 @@ _lock = threading.Lock()
 _installed = False
 
 
+def _forget_in_child():
+    # A forked child (Keras's own process pool, say) shares the parent's wake-up socket: a signal sent to
+    # the child (Keras stops its children with SIGTERM) would reach the parent's watcher and read as the
+    # parent's own. The child writes its signals nowhere instead, and starts unwatched.
+    global _installed, _last, _terminating
+    _installed, _last, _terminating = False, 0.0, None
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        pass  # forked from a thread other than the main one: Python has no wake-up fd in that thread
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def install():
     """Starts watching for SIGINT; only possible from the main thread (elsewhere it does nothing)."""
     global _installed
