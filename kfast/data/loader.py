@@ -22,6 +22,7 @@ from kfast.data._workers import pool
 from kfast.data._workers import signals
 from kfast.data._workers import threads
 from kfast.data import structure
+from kfast.data._keras_order import keras_shuffles
 from kfast.data._workers.pool import WorkerError
 from kfast.data.settings import LoaderSettings
 from kfast.data.sharding import ShardedDataset
@@ -103,9 +104,10 @@ class FastLoader(keras.utils.PyDataset):
     small for the ring of batches (Docker's default is 64 MB) the ring shrinks, or batches are pickled,
     with a warning that says how to make room.
 
-    Order: batches come in index order, or in a new seeded permutation each epoch with `shuffle=True`,
-    every index exactly once per epoch. Inside `model.fit` the loader serves its own order:
-    Keras's `fit(shuffle=...)` does not reorder a FastLoader, pass `shuffle=True` here instead.
+    Order: with `shuffle=None` (the default) the loader orders batches as Keras would order a PyDataset's:
+    inside `model.fit(shuffle=True)` (Keras's default) each epoch is a new permutation fixed by `seed`; in
+    `fit(shuffle=False)`, `evaluate`, `predict` and a plain `for` loop, index order. `shuffle=True` or
+    `False` fixes the choice everywhere. Either way every index comes exactly once per epoch.
     Each `fit`/`evaluate`/`predict` epoch starts at an epoch boundary of the loader, whatever was consumed
     before (say, by `kfast.diagnose`). The loader calls the dataset's `on_epoch_begin()` and
     `on_epoch_end()` in order (and sends the updated dataset to the workers), or `set_epoch(epoch)` in
@@ -122,7 +124,8 @@ class FastLoader(keras.utils.PyDataset):
         use_multiprocessing: processes (True) or threads (False). Defaults to `True`.
         max_queue_size: batches loaded ahead of the training loop. Defaults to `None`: twice the
             workers, at least 4.
-        shuffle: a new batch order every epoch. Defaults to `False`.
+        shuffle: a new batch order every epoch (`True`), index order (`False`), or as the Keras call
+            consuming the loader says (`None`: `fit`'s `shuffle` argument). Defaults to `None`.
         seed: seed of that order and of the workers' random generators, an int >= 0. Defaults to `None`
             (random).
         timeout: seconds to wait for one batch before raising `WorkerError`. Defaults to `None` (wait,
@@ -142,7 +145,7 @@ class FastLoader(keras.utils.PyDataset):
     """
 
     def __init__(self, dataset: Any, *, workers: int | None = None, use_multiprocessing: bool = True,
-                 max_queue_size: int | None = None, shuffle: bool = False, seed: int | None = None,
+                 max_queue_size: int | None = None, shuffle: bool | None = None, seed: int | None = None,
                  timeout: float | None = None) -> None:
         # Keras must see a plain single-worker PyDataset, or it would wrap this loader in its own pool;
         # hence kfast's own settings live under other attribute names than PyDataset's.
@@ -166,7 +169,10 @@ class FastLoader(keras.utils.PyDataset):
         self._n = _length(dataset)
         if self._n < 1:
             raise ValueError(f"FastLoader got a dataset of length {self._n}; it needs at least one batch.")
-        self.shuffle = bool(shuffle)
+        if shuffle is not None and not isinstance(shuffle, bool):
+            raise ValueError(f"FastLoader got shuffle={shuffle!r}; pass True, False, or None to follow fit(shuffle=...).")
+        self.shuffle = shuffle
+        self._shuffling = bool(shuffle)  # the order batches are dispatched in now (see _keras_shuffle)
         self.seed = secrets.randbits(63) if seed is None else int(seed)
         self.timeout = timeout
         self._interrupt_mark = time.monotonic()
@@ -220,13 +226,20 @@ class FastLoader(keras.utils.PyDataset):
     # -- order ----------------------------------------------------------------------------------------
 
     def _index(self, epoch: int, position: int) -> int:
-        if not self.shuffle:
+        if not self._shuffling:
             return position
         if epoch not in self._orders:
             if len(self._orders) > 2:
                 self._orders.pop(min(self._orders))
             self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self._n)
         return int(self._orders[epoch][position])
+
+    def _set_order(self, shuffled: bool) -> None:
+        """Orders the epoch about to start; batches already loaded ahead for it in the other order are dropped."""
+        if shuffled != self._shuffling:
+            self._shuffling = shuffled
+            if self._dispatched > self._consumed:
+                self.close()
 
     # -- the stream of batches ------------------------------------------------------------------------
 
@@ -375,6 +388,7 @@ class FastLoader(keras.utils.PyDataset):
             # Something consumed part of an epoch outside Keras's loop (diagnose, a partial iteration):
             # Keras's epoch starts a whole one, so no batch is repeated or missing in it.
             self.skip_to_next_epoch()
+        self._set_order(self.shuffle if self.shuffle is not None else bool(keras_shuffles(self)))
         if _overrides(self.dataset, "on_epoch_begin"):
             self.dataset.on_epoch_begin()
             if self._pool is not None and self._processes:
@@ -387,6 +401,8 @@ class FastLoader(keras.utils.PyDataset):
 
     def __iter__(self) -> Iterator[Any]:
         """Yields one epoch of batches in the loader's order (the rest of it, if one was under way)."""
+        if self._consumed % self._n == 0:
+            self._set_order(bool(self.shuffle))
         for _ in range(self._n - self._consumed % self._n):
             yield self._next()
 
