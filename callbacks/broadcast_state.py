@@ -9,6 +9,7 @@ import keras
 
 from kfast._core.checks import check_int
 from kfast.distributed import _horovod as distributed
+from kfast.distributed.steps import check_equal_steps
 
 
 class BroadcastState(keras.callbacks.Callback):
@@ -20,6 +21,10 @@ class BroadcastState(keras.callbacks.Callback):
     first batch: its state is then broadcast right after that batch, as Horovod's own callback does, so
     every rank still trains on identical weights from the second step on. It also turns off XLA for the
     model, since Horovod's collectives have no XLA kernels, and says so once.
+
+    First of all it checks that every rank's epoch has the same number of steps (each step ends in an
+    allreduce, so a rank with one step more would wait for ever): unequal or unknown counts raise
+    `kfast.distributed.UnequalStepsError` on every rank before the first step, naming each rank's count.
 
     Args:
         root_rank: the rank whose state wins. Defaults to `0`.
@@ -44,6 +49,7 @@ class BroadcastState(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if distributed.size() == 1:
             return
+        check_equal_steps(self.params.get("steps"))
         if self.model.jit_compile:
             self.model.jit_compile = False
             self.model.make_train_function(force=True)

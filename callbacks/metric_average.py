@@ -1,21 +1,37 @@
-"""MetricAverage: epoch logs hold the mean over all ranks, not rank 0's own numbers."""
+"""MetricAverage: epoch logs and `evaluate` hold the whole job's numbers, not one rank's."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import keras
 import numpy as np
 
 from kfast.distributed import _horovod as distributed
+from kfast.distributed.metric_state import sum_metric_states
+
+
+def _numeric(logs: dict[str, Any]) -> list[str]:
+    return sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
 
 
 class MetricAverage(keras.callbacks.Callback):
-    """Replaces each numeric value in the epoch's `logs` (train and validation) by its mean over ranks.
+    """Makes the numbers in `logs` the whole job's: training values averaged over ranks, evaluation
+    metrics as one process evaluating every rank's samples would compute them.
 
     Put it before callbacks that read `logs` (checkpoints, early stopping, CSV and TensorBoard loggers)
-    so they all see the global numbers. Values are exchanged in sorted-name order, so every rank issues
-    the same collectives.
+    so they all see the global numbers. Every rank issues the same collectives, in sorted-name order.
+
+    Evaluation: each rank evaluates its own shard (`kfast.data.shard(data, rank, size, mode="all")`, so
+    that every batch is evaluated once), and the metrics' states (a Mean's total and count, AUC's
+    counts) are summed over ranks before Keras computes the results: `val_` values in `fit`, and what
+    `model.evaluate(shard, callbacks=[MetricAverage()])` returns, are exact and the same on every rank,
+    whatever the shards' sizes. A metric class of your own must keep state that adds up over samples (a
+    total and a count do; a running maximum does not). Standalone `evaluate` needs data whose length
+    Keras knows (the sum happens after the last batch); otherwise it warns and returns this rank's own.
+    `predict` returns each rank's predictions for its own shard: gather them with
+    `kfast.distributed.allgather_object` if one rank needs them all.
 
     Example:
 
@@ -30,11 +46,47 @@ class MetricAverage(keras.callbacks.Callback):
     'epoch,loss,val_loss'
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._in_fit = False
+        self._last_step: int | None = None
+        self._validation: dict[str, float] = {}
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._in_fit, self._validation = True, {}
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._in_fit = False
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._validation = {}
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        # A standalone evaluate's params count its own steps; fit's validation is settled in on_test_end.
+        steps = None if self._in_fit else self.params.get("steps")
+        self._last_step = steps - 1 if steps else None
+        if not self._in_fit and steps is None and distributed.size() > 1:
+            warnings.warn("MetricAverage cannot tell when this evaluate ends (the data has no length Keras knows), so "
+                          f"it returns rank {distributed.rank()}'s own metrics; give the data a length (a PyDataset, or "
+                          "tf.data with a known cardinality) or pass steps=.", stacklevel=2)
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # Keras reads the metrics' results right after the last batch: their states are summed just before.
+        if batch == self._last_step:
+            sum_metric_states(self.model)
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._in_fit and distributed.size() > 1:
+            sum_metric_states(self.model)
+            results = self.model.get_metrics_result()
+            self._validation = {f"val_{k}": float(keras.ops.convert_to_numpy(v)) for k, v in results.items()
+                                if np.ndim(keras.ops.convert_to_numpy(v)) == 0}
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None or distributed.size() == 1:
             return
-        names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
-        if not names:
-            return
-        averaged = distributed.allreduce_mean_values([float(logs[k]) for k in names])
-        logs.update(zip(names, averaged))
+        # Validation values come from the summed states (on_test_end); the rest is averaged over ranks.
+        names = [k for k in _numeric(logs) if k not in self._validation]
+        if names:
+            logs.update(zip(names, distributed.allreduce_mean_values([float(logs[k]) for k in names])))
+        logs.update({k: v for k, v in self._validation.items() if k in logs})

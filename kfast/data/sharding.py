@@ -8,7 +8,7 @@ from typing import Any
 from kfast._core.checks import check_int
 from kfast.data._workers.worker_form import worker_form
 
-_MODES = ("drop", "pad")
+_MODES = ("drop", "pad", "all")
 
 
 class ShardedDataset:
@@ -20,12 +20,15 @@ class ShardedDataset:
       left out of the epoch. With equal batch sizes, averaged metrics then equal the global ones.
     - `"pad"`: `ceil(len(dataset) / size)` batches each; ranks short of batches repeat batches from the
       start of the dataset, so no batch is left out but a few are seen twice.
+    - `"all"`: every batch exactly once, so ranks may differ by one batch. For `evaluate` and `predict`
+      only, whose steps need no collective (`kfast.callbacks.MetricAverage` combines the results); `fit`
+      refuses ranks with unequal steps.
 
     Args:
         dataset: anything with `__len__` and `__getitem__`.
         rank: this process's rank.
         size: number of ranks.
-        mode: `"drop"` or `"pad"`. Defaults to `"drop"`.
+        mode: `"drop"`, `"pad"` or `"all"`. Defaults to `"drop"`.
         start: batches at the start of the epoch that are already trained and left out (an elastic job
             going on mid-epoch with a new number of ranks). Defaults to `0`.
 
@@ -44,14 +47,15 @@ class ShardedDataset:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
             raise ValueError(f"ShardedDataset got rank={rank!r} with size={size}; rank must be in [0, {size}).")
         if mode not in _MODES:
-            raise ValueError(f"ShardedDataset got mode={mode!r}; use 'drop' or 'pad'.")
+            raise ValueError(f"ShardedDataset got mode={mode!r}; use 'drop', 'pad' (equal steps for fit) or 'all' "
+                             "(every batch once, for evaluate and predict).")
         check_int("ShardedDataset", "start", start, least=0, hint="batches of the epoch already trained")
         n = len(dataset) - start
         if n < size:
             raise ValueError(f"ShardedDataset: the dataset has {n} batches for {size} ranks; every rank needs at "
                              "least one. Use a smaller batch size or fewer ranks.")
         self.dataset, self.rank, self.size, self.mode, self.start = dataset, rank, size, mode, start
-        self._len = n // size if mode == "drop" else -(-n // size)
+        self._len = {"drop": n // size, "pad": -(-n // size), "all": len(range(rank, n, size))}[mode]
 
     def __len__(self) -> int:
         return self._len
@@ -88,6 +92,22 @@ class ShardedDataset:
         return getattr(self.dataset, name)
 
 
-def shard(dataset: Any, rank: int, size: int, mode: str = "drop", start: int = 0) -> ShardedDataset:
-    """Returns rank `rank`'s `ShardedDataset` of `dataset` (see there)."""
+def shard(dataset: Any, rank: int, size: int, mode: str = "drop", start: int = 0) -> Any:
+    """Returns rank `rank`'s shard of `dataset`: a `ShardedDataset` (see there), or for a
+    `tf.data.Dataset` of batches a `tf.data.Dataset` with the same rule (see `kfast.data.tf_sharding`).
+
+    Example:
+
+    >>> [len(shard(list(range(10)), rank, 4, mode)) for mode in ("drop", "pad", "all") for rank in (0, 3)]
+    [2, 2, 3, 3, 3, 2]
+    """
+    if is_tf_dataset(dataset):
+        from kfast.data.tf_sharding import shard_tf_dataset
+
+        return shard_tf_dataset(dataset, rank, size, mode, start)
     return ShardedDataset(dataset, rank, size, mode, start)
+
+
+def is_tf_dataset(data: Any) -> bool:
+    """True for a `tf.data.Dataset`, told without importing TensorFlow (worker processes import this module)."""
+    return any(c.__name__ == "DatasetV2" and c.__module__.startswith("tensorflow.") for c in type(data).__mro__)

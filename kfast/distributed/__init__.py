@@ -9,6 +9,7 @@ and `elastic_loop` keep a job training while ranks leave and join.
 from kfast.distributed._horovod import allgather_object
 from kfast.distributed._horovod import allreduce_average
 from kfast.distributed._horovod import allreduce_mean_values
+from kfast.distributed._horovod import allreduce_sum_values
 from kfast.distributed._horovod import broadcast_object
 from kfast.distributed._horovod import broadcast_variables
 from kfast.distributed._horovod import horovodrun_path
@@ -25,7 +26,9 @@ from kfast.distributed.defaults import callbacks
 from kfast.distributed.defaults import default_callbacks
 from kfast.distributed.elastic_loop import elastic_fit
 from kfast.distributed.optimizer import DistributedOptimizer
+from kfast.distributed.steps import UnequalStepsError
 
-__all__ = ["DistributedOptimizer", "allgather_object", "allreduce_average", "allreduce_mean_values", "broadcast_object",
-           "broadcast_variables", "callbacks", "default_callbacks", "elastic_fit", "horovodrun_path", "init", "is_chief",
-           "is_initialized", "local_rank", "local_size", "rank", "restore", "size", "verbose"]
+__all__ = ["DistributedOptimizer", "UnequalStepsError", "allgather_object", "allreduce_average", "allreduce_mean_values",
+           "allreduce_sum_values", "broadcast_object", "broadcast_variables", "callbacks", "default_callbacks",
+           "elastic_fit", "horovodrun_path", "init", "is_chief", "is_initialized", "local_rank", "local_size", "rank",
+           "restore", "size", "verbose"]

@@ -57,6 +57,9 @@ class _SingleProcess:
     def allreduce_mean_values(self, values: Sequence[float]) -> list[float]:
         return [float(v) for v in values]
 
+    def allreduce_sum_values(self, values: Sequence[float]) -> list[float]:
+        return [float(v) for v in values]
+
 
 class _Ring(_SingleProcess):
     """Two or more ranks: Horovod's TensorFlow collectives."""
@@ -99,6 +102,12 @@ class _Ring(_SingleProcess):
 
         mean = self.hvd.allreduce(tf.constant(values, dtype=tf.float64), op=self.hvd.Average, name="kfast.values")
         return [float(v) for v in mean.numpy()]
+
+    def allreduce_sum_values(self, values: Sequence[float]) -> list[float]:
+        import tensorflow as tf
+
+        total = self.hvd.allreduce(tf.constant(values, dtype=tf.float64), op=self.hvd.Sum, name="kfast.sums")
+        return [float(v) for v in total.numpy()]
 
 
 _ALONE = _SingleProcess()
@@ -321,6 +330,11 @@ def is_initialized() -> bool:
 def allreduce_mean_values(values: Sequence[float]) -> list[float]:
     """Returns the element-wise mean over ranks of a list of Python floats (float64, exact order)."""
     return _topology().allreduce_mean_values(values)
+
+
+def allreduce_sum_values(values: Sequence[float]) -> list[float]:
+    """Returns the element-wise sum over ranks of a list of Python floats (float64, exact order)."""
+    return _topology().allreduce_sum_values(values)
 
 
 def verbose(level: int | str = "auto") -> int | str:

@@ -63,7 +63,7 @@ def test_shard_gives_every_rank_the_same_count():
 @pytest.mark.parametrize("kwargs, match", [
     ({"rank": 0, "size": 0}, "size=0; it must be a positive int"),
     ({"rank": 2, "size": 2}, r"rank=2 with size=2; rank must be in \[0, 2\)"),
-    ({"rank": 0, "size": 2, "mode": "wrap"}, "mode='wrap'; use 'drop' or 'pad'"),
+    ({"rank": 0, "size": 2, "mode": "wrap"}, r"mode='wrap'; use 'drop', 'pad' \(equal steps for fit\) or 'all'"),
     ({"rank": 0, "size": 9}, "has 7 batches for 9 ranks"),
 ])
 def test_shard_rejects_bad_arguments(kwargs, match):
@@ -124,3 +124,26 @@ def test_fp16_compression_sends_every_floating_type_as_float16():
     assert out[0][0] == np.float64(np.float16(1 / 3)) != 1 / 3  # it went as float16
     assert out[1][0] == np.float32(np.float16(1 / 3))
     assert out[2].tolist() == [0, 1]
+
+
+def test_shard_all_deals_every_batch_once_and_tf_data_shards_alike():
+    import tensorflow as tf
+
+    assert [[shard(list(range(7)), r, 3, "all")[i] for i in range(len(shard(list(range(7)), r, 3, "all")))]
+            for r in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
+    batches = tf.data.Dataset.range(7)
+    for mode in ("drop", "pad", "all"):
+        tf_shards = [[int(b) for b in shard(batches, r, 3, mode)] for r in range(3)]
+        py_shards = [[x for x in (shard(list(range(7)), r, 3, mode)[i] for i in range(len(shard(list(range(7)), r, 3, mode))))]
+                     for r in range(3)]
+        assert tf_shards == py_shards, mode
+        assert [int(shard(batches, r, 3, mode).cardinality()) for r in range(3)] == [len(s) for s in py_shards]
+
+
+def test_shard_of_a_tf_dataset_with_no_known_length_says_how_to_give_one():
+    import tensorflow as tf
+
+    with pytest.raises(ValueError, match="cannot tell.*assert_cardinality"):
+        shard(tf.data.Dataset.range(7).filter(lambda x: x > 0), 0, 2)
+    with pytest.raises(ValueError, match="infinite"):
+        shard(tf.data.Dataset.range(7).repeat(), 0, 2)
