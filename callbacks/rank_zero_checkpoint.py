@@ -1,4 +1,5 @@
-"""RankZeroCheckpoint: checkpoints written once, by rank 0, atomically, with a best model that survives resumes."""
+"""RankZeroCheckpoint: Keras's ModelCheckpoint for data-parallel jobs: rank 0 writes, atomically, and a
+resumed run keeps its directory's best model."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import keras
 from kfast._core.checks import check_int, check_number
 from kfast._core.messages import print_msg
 
+from kfast.distributed import _checkpoint_files as files
 from kfast.distributed import checkpoint
 from kfast.distributed import _horovod as distributed
-
-_STATE_KEY = "best"
+from kfast.distributed._checkpoint_files import Position
+from kfast.distributed._checkpoint_paths import FileNames, checked_directory
 
 
 def metric_direction(model: keras.Model, monitor: str) -> str | None:
@@ -33,23 +35,38 @@ def metric_direction(model: keras.Model, monitor: str) -> str | None:
 
 
 class RankZeroCheckpoint(keras.callbacks.Callback):
-    """Saves the whole model (weights, optimizer and training state) after each epoch, on rank 0 only.
+    """Saves the model after each epoch (or every N batches) on rank 0 only, keeping the newest and the best.
 
-    Files go to `directory/epoch-NNNN.keras` (NNNN counts from 1, so `kfast.distributed.restore` returns
-    it as `initial_epoch`), written to a temporary file and renamed, so a crash never leaves a broken
-    checkpoint. The last `keep` epoch files are kept, and `best.keras` holds the best model by `monitor`.
-    The best value so far is saved inside each checkpoint, so after `restore()` a worse epoch does not
-    replace `best.keras`. The directory is checked writable when training begins, before any epoch runs.
+    Keras's `ModelCheckpoint` for a job of many ranks (one process works too). Files go to `directory`,
+    named by `filename` (by default `epoch-NNNN.keras`, NNNN counting from 1, so that
+    `kfast.distributed.restore` returns it as `initial_epoch`); each is written to a temporary file and
+    renamed, so a crash never leaves a broken checkpoint. The newest `keep` are kept, and `best.keras`
+    (`best.weights.h5` with `save_weights_only`) holds the best model by `monitor`, which is what Keras's
+    `save_best_only=True` keeps. Each file also records how far training had gone and this callback's best
+    value so far: `restore(model, directory)` resumes from the newest and gives that best back to the
+    callback of the same directory, so a worse epoch does not replace `best.keras` after a restart; a
+    callback writing another directory starts from `initial_value_threshold`. The directory is checked
+    writable when training begins, before any epoch runs.
 
     Args:
-        directory: where to write. Created if missing.
-        monitor: the log value that defines "best"; `None` disables `best.keras`. Defaults to `"val_loss"`.
+        directory: where to write; created if missing. Keras's `filepath` is `directory` + `filename`.
+        monitor: the log value that defines "best"; `None` disables the best file. Defaults to `"val_loss"`.
         mode: `"min"`, `"max"` or `"auto"` (the direction Keras gives the metric: loss down, accuracy,
             precision, recall, AUC and F1 up). Defaults to `"auto"`.
-        keep: how many epoch checkpoints to keep. Defaults to `3`.
-        verbose: 1 prints a line per save. Defaults to `0`.
-        initial_value_threshold: a value `monitor` must beat before `best.keras` is first written, as in
+        keep: how many checkpoints to keep, besides the best file. Defaults to `3`.
+        verbose: 1 prints a line per save, on rank 0. Defaults to `0`.
+        initial_value_threshold: a value `monitor` must beat before the best file is first written, as in
             Keras's `ModelCheckpoint`. Defaults to `None`.
+        filename: the files' name, a template as in Keras's `filepath`: `{epoch}` (from 1), `{batch}` (from
+            1, with an int `save_freq`) and keys of the logs, with format specs, e.g.
+            `"{epoch:02d}-{val_loss:.2f}.keras"`. It ends in `.keras`, or in `.weights.h5` with
+            `save_weights_only`. Defaults to `None`: `epoch-{epoch:04d}.keras`, with `-batch-{batch:04d}`
+            before the suffix for an int `save_freq`.
+        save_weights_only: `True` writes `.weights.h5` files (`model.save_weights`: the weights and the
+            optimizer's state, not the model's configuration). Defaults to `False`.
+        save_freq: `"epoch"` saves after each epoch; an int N saves after every N training batches instead,
+            as Keras's does (a save after an epoch's last batch counts as that epoch's end; see
+            `kfast.distributed.restore` for a save inside an epoch). Defaults to `"epoch"`.
 
     Raises:
         ValueError: for bad arguments; when training begins, for a directory that cannot be written, or
@@ -69,20 +86,51 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
 
     # Per-run state, set in on_train_begin.
     _mode: str | None
-    _best: float | None
     _resolved: bool
     _warned_missing: bool
+    _epoch: int
+    _since_save: int
+    _last_batch: int | None
 
     def __init__(self, directory: str | os.PathLike[str], monitor: str | None = "val_loss", mode: str = "auto",
-                 keep: int = 3, verbose: int = 0, initial_value_threshold: float | None = None) -> None:
+                 keep: int = 3, verbose: int = 0, initial_value_threshold: float | None = None, *,
+                 filename: str | None = None, save_weights_only: bool = False,
+                 save_freq: str | int = "epoch") -> None:
         super().__init__()
+        self.directory = checked_directory("RankZeroCheckpoint", "directory", directory,
+                                           "RankZeroCheckpoint('checkpoints')")
+        if self.directory.endswith((".keras", ".h5")):
+            head, tail = os.path.split(self.directory.rstrip(os.sep))
+            raise ValueError(f"RankZeroCheckpoint got directory={self.directory!r}, a file name; it takes the "
+                             "directory to write and names the files itself: pass "
+                             f"RankZeroCheckpoint({head or '.'!r}, filename={tail!r}).")
         if mode not in ("auto", "min", "max"):
             raise ValueError(f"RankZeroCheckpoint got mode={mode!r}; use 'auto', 'min' or 'max'.")
-        check_int("RankZeroCheckpoint", "keep", keep, hint="the newest epochs kept, besides the best")
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise ValueError(f"RankZeroCheckpoint got monitor={monitor!r}; it must be the name of a log value "
+                             "(a str such as 'val_loss'), or None to write no best file.")
+        check_int("RankZeroCheckpoint", "keep", keep, hint="the newest checkpoints kept, besides the best")
+        check_int("RankZeroCheckpoint", "verbose", verbose, least=0, hint="0 is silent, 1 prints each save")
         check_number("RankZeroCheckpoint", "initial_value_threshold", initial_value_threshold,
                      or_none="to save the first epoch's model as the best")
-        self.directory, self.monitor, self.mode, self.keep, self.verbose = directory, monitor, mode, keep, verbose
+        if not isinstance(save_weights_only, bool):
+            raise ValueError(f"RankZeroCheckpoint got save_weights_only={save_weights_only!r}; it must be True "
+                             "(.weights.h5 files) or False (whole .keras models).")
+        if save_freq != "epoch":
+            check_int("RankZeroCheckpoint", "save_freq", save_freq, hint="or 'epoch'; an int N saves every N "
+                      "training batches")
+        self._names = FileNames(filename, save_weights_only, per_batch=save_freq != "epoch")
+        self.monitor, self.mode, self.keep, self.verbose = monitor, mode, keep, verbose
         self.initial_value_threshold = initial_value_threshold
+        self.filename, self.save_weights_only, self.save_freq = self._names.template, save_weights_only, save_freq
+        if save_freq != "epoch":
+            # Only then: Keras dispatches batch hooks asynchronously unless a callback overrides one.
+            self.on_train_batch_end = self._save_on_batch
+        # The best so far of this callback's directory; kept from one fit to the next, as Keras's is.
+        self._best: float | None = None
+        self._best_ready = False
+        self._pending: dict[str, Any] | None = None
+        self._taken: checkpoint.RestorePoint | None = None
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._warned_missing = False
@@ -91,8 +139,13 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         problem = distributed.broadcast_object(problem, root_rank=0)
         if problem:
             raise ValueError(problem)
+        point = checkpoint.restore_point(self.model)
+        if point is not None and point is not self._taken and point.directory == os.path.realpath(self.directory):
+            # Resumed from this directory: its best so far, as its newest checkpoint recorded it.
+            self._taken, self._pending, self._best_ready = point, point.best, False
         self._mode = self.mode if self.mode != "auto" or not self.monitor else None
-        self._best, self._resolved = None, False
+        self._resolved = False
+        self._epoch, self._since_save, self._last_batch = 0, 0, None
         self._resolve(required=False)
 
     def _resolve(self, required: bool) -> None:
@@ -106,12 +159,14 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
                 raise ValueError(
                     f"RankZeroCheckpoint got monitor={self.monitor!r} with mode='auto', but Keras does not say "
                     "whether that value should go up or down; pass mode='max' or mode='min'.")
-        saved = checkpoint.training_state(self.model).get(_STATE_KEY)
-        if saved and saved.get("monitor") == self.monitor and saved.get("mode") == self._mode:
-            self._best = saved["value"]  # resumed: the best of the epochs before the restart
-        else:
+        if not self._best_ready:
+            saved = self._pending or {}
+            value = saved.get("value") if (saved.get("monitor"), saved.get("mode")) == (self.monitor, self._mode) \
+                else None
             self._best = self.initial_value_threshold
-        self._save_best_state()
+            if value is not None and self._improved(value):
+                self._best = float(value)
+            self._best_ready, self._pending = True, None
         self._resolved = True
 
     def _check_writable(self) -> str | None:
@@ -119,7 +174,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
             os.makedirs(self.directory, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".write-check-"):
                 pass
-            removed = checkpoint.remove_partial(self.directory)
+            removed = files.remove_partial(self.directory)
             if removed and self.verbose:
                 print_msg(f"RankZeroCheckpoint: removed {len(removed)} partial file(s) of a save that was "
                           f"killed halfway: {', '.join(removed)}")
@@ -128,38 +183,70 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
                     "rank 0 can write (checked before training, so no epoch is lost).")
         return None
 
-    def _save_best_state(self) -> None:
-        value = None if self._best is None else float(self._best)
-        checkpoint.training_state(self.model)[_STATE_KEY] = {"monitor": self.monitor, "mode": self._mode,
-                                                             "value": value}
-
     def _improved(self, value: float) -> bool:
         if self._best is None:
             return True
         return value < self._best if self._mode == "min" else value > self._best
 
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if not getattr(self, "_resolved", False):
+        if self.save_freq == "epoch":
+            self._save(epoch, None, logs or {})
+
+    def _save_on_batch(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # Counted as Keras does, so that steps_per_execution > 1 (batch numbers that jump) saves as often.
+        new_epoch = self._last_batch is None or batch <= self._last_batch
+        self._since_save += batch + 1 if new_epoch else batch - cast(int, self._last_batch)
+        self._last_batch = batch
+        if self._since_save >= cast(int, self.save_freq):
+            self._since_save = 0
+            self._save(self._epoch, batch, logs or {})
+
+    def _position(self, epoch: int, batch: int | None) -> Position:
+        steps = (self.params or {}).get("steps")
+        if batch is None or (steps and batch + 1 >= steps):
+            return Position(epoch + 1)  # all of the epoch's batches are trained
+        return Position(epoch, batch + 1)
+
+    def _save(self, epoch: int, batch: int | None, logs: dict[str, Any]) -> None:
+        if not self._resolved:
             self._resolve(required=True)
-        value = (logs or {}).get(self.monitor) if self.monitor else None
+        name = self._names.format(epoch, batch, logs)  # on every rank: a bad template stops all ranks together
+        value = logs.get(self.monitor) if self.monitor else None
         if self.monitor and value is None and not self._warned_missing:
             self._warned_missing = True
             if distributed.is_chief():
-                warnings.warn(f"RankZeroCheckpoint monitors {self.monitor!r}, which is not in the epoch logs "
-                              f"(they hold {sorted(logs or {})}); best.keras is not written. Pass validation "
-                              "data or another monitor=.", stacklevel=2)
-        best_now = value is not None and math.isfinite(value) and self._improved(value)
-        if best_now and value is not None:  # best_now implies a value; this says so to the type checker
+                kind = "epoch" if batch is None else "batch"
+                warnings.warn(f"RankZeroCheckpoint monitors {self.monitor!r}, which is not in the {kind} logs (they "
+                              f"hold {sorted(logs)}); {self._names.best} is not written. Pass validation data or "
+                              "another monitor=.", stacklevel=3)
+        previous = self._best
+        improved = value is not None and math.isfinite(value) and self._improved(value)
+        if improved and value is not None:  # improved implies a value; this says so to the type checker
             self._best = float(value)
-            self._save_best_state()
         if not distributed.is_chief():
             return
-        path = checkpoint.epoch_path(self.directory, epoch + 1)
-        checkpoint.save_atomic(self.model, path)
-        for old in checkpoint.list_epochs(self.directory)[:-self.keep]:
-            os.remove(checkpoint.epoch_path(self.directory, old))
-        if best_now:
-            checkpoint.save_atomic(self.model, os.path.join(self.directory, "best.keras"))
+        best = {"monitor": self.monitor, "mode": self._mode, "value": self._best} if self.monitor else None
+        path = os.path.join(self.directory, name)
+        position = self._position(epoch, batch)
+        checkpoint.save_atomic(self.model, path, position=position, best=best)
+        files.prune(self.directory, self.keep, name)
+        if improved:
+            checkpoint.save_atomic(self.model, os.path.join(self.directory, self._names.best), position=position,
+                                   best=best)
         if self.verbose:
-            print_msg(f"\nEpoch {epoch + 1}: saved {path}" + (f" and best.keras ({self.monitor}={value:.6g})"
-                                                             if best_now else ""))
+            where = f"Epoch {epoch + 1}" + ("" if batch is None else f", batch {batch + 1}")
+            if improved:
+                note = (f"; {self.monitor} improved from {_shown(previous)} to {_shown(value)}, saved as "
+                        f"{self._names.best} too")
+            elif value is not None:
+                note = f"; {self.monitor} did not improve from {_shown(self._best)}"
+            else:
+                note = ""
+            print_msg(f"\n{where}: saved {path}{note}")
+
+
+def _shown(value: float | None) -> str:
+    return "None" if value is None else f"{value:.5f}"

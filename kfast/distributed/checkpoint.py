@@ -1,39 +1,64 @@
-"""Checkpoint files: atomic writes, training state beside the weights, and resuming every rank from them.
+"""Checkpoints: the training state saved with the weights, and resuming every rank from a directory.
 
-Each `epoch-NNNN.keras` is a normal Keras archive with one extra member, `kfast-state.json`: what the
-callbacks need to carry on exactly after a restart (the single-rank base learning rate, the best value
-seen so far, ...). It travels inside the same file as the weights it belongs to, so the two can never
-disagree, and falling back to an older checkpoint falls back to its state too. The state carries a
-format version (`"version"`): a checkpoint without one was written by an earlier kfast in the same
-layout and is read as it is; one of a newer version is refused, naming the file, rather than read wrong.
+Each checkpoint (`epoch-NNNN.keras`, or any name `RankZeroCheckpoint` is given) is a normal Keras file
+with kfast's state inside it (the layout: `NOTE [ Where a checkpoint's state lives ]` in
+`_checkpoint_files`): where training was (epoch and batch), the best value so far of the callback that
+wrote it, and what the callbacks need to carry on exactly after a restart (the single-rank base learning
+rate, ...). It travels inside the same file as the weights it belongs to, so the two can never disagree,
+and falling back to an older checkpoint falls back to its state too.
+
+The best value belongs to a directory, not to the model: `restore()` hands it to the `RankZeroCheckpoint`
+of the directory it restored from (through `restore_point`), and a callback writing anywhere else starts
+from its own `initial_value_threshold`.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
-import re
 import warnings
 import weakref
-import zipfile
 from typing import TYPE_CHECKING
 from typing import Any
 
+from kfast.distributed import _checkpoint_files as files
 from kfast.distributed import _horovod as distributed
+from kfast.distributed._checkpoint_files import STATE_VERSION  # noqa: F401 - part of this module's API
+from kfast.distributed._checkpoint_files import NewerCheckpointError
+from kfast.distributed._checkpoint_files import Position
+from kfast.distributed._checkpoint_files import epoch_path  # noqa: F401
+from kfast.distributed._checkpoint_files import list_epochs  # noqa: F401
+from kfast.distributed._checkpoint_files import read_archive  # noqa: F401
+from kfast.distributed._checkpoint_files import remove_partial  # noqa: F401
+from kfast.distributed._checkpoint_paths import checked_directory
 
 if TYPE_CHECKING:
     import keras
 
-_EPOCH_FILE = re.compile(r"^epoch-(\d{4,})\.keras$")
-_STATE_MEMBER = "kfast-state.json"
-# The layout of kfast-state.json this kfast writes; bump it when a key changes meaning.
-STATE_VERSION = 1
 # Per-model training state, filled by the callbacks and by restore(); keyed weakly, so it dies with the model.
 _STATES: weakref.WeakKeyDictionary[keras.Model, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
-class NewerCheckpointError(ValueError):
-    """A checkpoint whose training state a newer kfast wrote, in a layout this one cannot read."""
+@dataclasses.dataclass(frozen=True)
+class RestorePoint:
+    """What `restore()` last loaded into a model.
+
+    Attributes:
+        directory: the checkpoint directory, as `os.path.realpath` gives it.
+        path: the file loaded.
+        epoch: epochs finished when it was saved (what `restore()` returned).
+        batch: batches of the next epoch trained as well; 0 for a save at an epoch's end.
+        best: the directory's best so far, `{"monitor", "mode", "value"}`, or None.
+    """
+
+    directory: str
+    path: str
+    epoch: int
+    batch: int
+    best: dict[str, Any] | None
+
+
+_RESTORED: weakref.WeakKeyDictionary[keras.Model, RestorePoint] = weakref.WeakKeyDictionary()
 
 
 def training_state(model: keras.Model) -> dict[str, Any]:
@@ -44,113 +69,74 @@ def training_state(model: keras.Model) -> dict[str, Any]:
     return _STATES.setdefault(model, {})
 
 
-def epoch_path(directory: str | os.PathLike[str], epoch: int) -> str:
-    """Path of the checkpoint written after `epoch` (counted from 1)."""
-    return os.path.join(directory, f"epoch-{epoch:04d}.keras")
+def restore_point(model: keras.Model) -> RestorePoint | None:
+    """Where the last `restore()` took `model` from; None when it found no checkpoint or never ran.
+
+    Example:
+
+    >>> import os, keras, kfast
+    >>> from kfast.distributed import checkpoint
+    >>> model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> os.makedirs("ckpt")
+    >>> checkpoint.save_atomic(model, "ckpt/epoch-0002.keras", position=checkpoint.Position(2))
+    >>> kfast.distributed.restore(model, "ckpt")
+    2
+    >>> point = checkpoint.restore_point(model)
+    >>> point.epoch, point.batch, os.path.basename(point.path)
+    (2, 0, 'epoch-0002.keras')
+    """
+    return _RESTORED.get(model)
 
 
-# Prefix of a checkpoint being written; a file with it is left only by a process killed mid-save.
-_PARTIAL = ".tmp-"
-
-
-def remove_partial(directory: str | os.PathLike[str]) -> list[str]:
-    """Deletes what saves killed halfway left in `directory` (one job writes a checkpoint directory at a
-    time, so no live save owns such a file when training begins). Returns the names removed."""
-    removed: list[str] = []
-    for name in sorted(os.listdir(directory)):
-        if name.startswith(_PARTIAL):
-            try:
-                os.remove(os.path.join(directory, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass
-    return removed
-
-
-def save_atomic(model: keras.Model, path: str | os.PathLike[str]) -> None:
+def save_atomic(model: keras.Model, path: str | os.PathLike[str], *, position: Position | None = None,
+                best: dict[str, Any] | None = None) -> None:
     """Saves `model` to `path` through a temporary file and a rename, so a crash never leaves half a file.
 
-    The model's `training_state` goes into the archive too. A model compiled with
-    `kfast.DistributedOptimizer` is saved with the wrapped optimizer in its place, so the file loads
-    with plain `keras.saving.load_model` where kfast and Horovod are not installed.
+    A `.weights.h5` path gets the weights (with the optimizer's state), any other the whole model. The
+    model's `training_state` goes in too, with `position` (how far training had gone) and `best` (the
+    writing callback's best so far) when given. A model compiled with `kfast.DistributedOptimizer` is saved
+    with the wrapped optimizer in its place, so the file loads with plain `keras.saving.load_model` where
+    kfast and Horovod are not installed.
     """
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f"{_PARTIAL}{os.getpid()}-{name}")
-    try:
-        model.save(tmp)
-        _finish_archive(tmp, training_state(model))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    state = {k: v for k, v in training_state(model).items() if k not in files.RESERVED}
+    if position is not None:
+        state["position"] = {"epoch": position.epoch, "batch": position.batch}
+    if best is not None:
+        state["best"] = best
+    files.write(model, path, state)
 
 
-def _finish_archive(archive: str, state: dict[str, Any]) -> None:
-    with zipfile.ZipFile(archive) as z:
-        entries = {info.filename: z.read(info) for info in z.infolist()}
-    config = json.loads(entries["config.json"])
-    optimizer = (config.get("compile_config") or {}).get("optimizer")
-    if isinstance(optimizer, dict) and optimizer.get("registered_name") == "kfast>DistributedOptimizer":
-        config["compile_config"]["optimizer"] = optimizer["config"]["optimizer"]
-        entries["config.json"] = json.dumps(config).encode()
-    entries[_STATE_MEMBER] = json.dumps({"version": STATE_VERSION, **state}).encode()
-    with zipfile.ZipFile(archive, "w") as z:
-        for filename, data in entries.items():
-            z.writestr(filename, data)
+# What rank 0 read: (position, build_config, training state, best, path).
+_Found = tuple[Position, dict[str, Any] | None, dict[str, Any], dict[str, Any] | None, str]
 
 
-def read_archive(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """Checks that the checkpoint at `path` is whole and returns `(build_config, state)` from it.
-
-    Raises:
-        ValueError: naming the file, when it is truncated, corrupt or not a Keras archive.
-    """
-    try:
-        with zipfile.ZipFile(path) as z:
-            broken = z.testzip()  # reads every member: a truncated or corrupt file fails here, not mid-load
-            if broken is not None:
-                raise ValueError(f"member {broken} fails its checksum")
-            config = json.loads(z.read("config.json"))
-            names = set(z.namelist())
-            state = json.loads(z.read(_STATE_MEMBER)) if _STATE_MEMBER in names else {}
-    except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
-        raise ValueError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
-    version = state.pop("version", 0)  # 0: written before states had a version, in the same layout
-    if not isinstance(version, int) or version > STATE_VERSION:
-        raise NewerCheckpointError(
-            f"checkpoint {path} holds kfast training state of format version {version!r}, and this kfast reads "
-            f"versions up to {STATE_VERSION}; resume it with the kfast that wrote it (or a newer one).")
-    return config.get("build_config"), state
-
-
-def list_epochs(directory: str | os.PathLike[str]) -> list[int]:
-    """Returns the epochs (ascending) that have a checkpoint in `directory`."""
-    if not os.path.isdir(directory):
-        return []
-    found = (_EPOCH_FILE.match(name) for name in os.listdir(directory))
-    return sorted(int(m.group(1)) for m in found if m)
-
-
-def _load_latest(model: keras.Model,
-                 checkpoint_dir: str | os.PathLike[str]) -> tuple[int, dict[str, Any] | None, dict[str, Any]]:
-    """On rank 0: loads the newest readable checkpoint. Returns (epoch, build_config, state)."""
-    epochs = list_epochs(checkpoint_dir)
-    for epoch in reversed(epochs):
-        path = epoch_path(checkpoint_dir, epoch)
+def _load_latest(model: keras.Model, checkpoint_dir: str) -> _Found | None:
+    """On rank 0: loads the newest readable checkpoint. Returns (position, build_config, training state,
+    best, path), or None when there is none."""
+    found, errors = files.find(checkpoint_dir)
+    for e in errors:
+        warnings.warn(f"kfast skipped {e}; its place among the checkpoints is unknown.", stacklevel=3)
+    for _, name in found:
+        path = os.path.join(checkpoint_dir, name)
         try:
-            build_config, state = read_archive(path)
+            build_config, state = files.read_archive(path)
         except NewerCheckpointError:
             raise  # not broken: skipping it would resume from an older epoch without saying why
         except ValueError as e:
             warnings.warn(f"kfast skipped {e}; resuming from the checkpoint before it instead.", stacklevel=3)
             continue
+        position, best, training = files.split_state(state, name)
         _build(model, build_config, path)
         model.load_weights(path)
-        return epoch, build_config, state
-    if epochs:
-        raise ValueError(f"No checkpoint in {checkpoint_dir} can be read (tried epochs {epochs}); delete the "
-                         "broken files to start from scratch, or restore them from a backup.")
-    return 0, None, {}
+        # The best file describes the best model itself: after a fallback it may be newer than `path`.
+        return position or Position(0), build_config, training, files.best_record(checkpoint_dir) or best, path
+    if found:
+        raise ValueError(
+            f"No checkpoint in {checkpoint_dir} can be read (tried epochs {sorted(p.epoch for p, _ in found)}, in "
+            f"{', '.join(sorted(n for _, n in found))}); delete the broken files to start from scratch, or restore "
+            "them from a backup.")
+    return None
 
 
 def _build(model: keras.Model, build_config: dict[str, Any] | None, path: str | os.PathLike[str]) -> None:
@@ -168,11 +154,18 @@ def _build(model: keras.Model, build_config: dict[str, Any] | None, path: str | 
 def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
     """Loads the latest checkpoint on rank 0 and gives every rank the same state.
 
-    Call it after `model.compile(...)` and before `fit`. Rank 0 reads the newest readable
-    `epoch-NNNN.keras` in `checkpoint_dir` (weights, optimizer state and kfast's training state, such as
-    the base learning rate and the best value so far); an unreadable file is skipped with a warning in
-    favour of the one before it. Every rank then receives rank 0's state and the epoch to go on from.
-    A model without an `Input` layer is built from the shapes the checkpoint records.
+    Call it after `model.compile(...)` and before `fit`. Rank 0 reads the newest readable checkpoint in
+    `checkpoint_dir`, whatever names `RankZeroCheckpoint` gave its files (`.keras`: weights, optimizer
+    state and kfast's training state, such as the base learning rate; `.weights.h5`: the same but the
+    model's configuration); an unreadable file is skipped with a warning in favour of the one before it.
+    Every rank then receives rank 0's state and the epoch to go on from, and the directory's best value
+    so far goes to the `RankZeroCheckpoint` writing that same directory (none other). A model without an
+    `Input` layer is built from the shapes the checkpoint records.
+
+    A checkpoint saved mid-epoch (`save_freq=N`) records its epoch and batch. Resuming inside an epoch is
+    not supported yet: `restore()` loads that state, returns the epoch in progress, so that `fit` runs it
+    again from its first batch, and warns so. The epoch and batch are in
+    `kfast.distributed.checkpoint.restore_point(model)`.
 
     Args:
         model: the compiled model to restore into.
@@ -183,7 +176,8 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
 
     Raises:
         RuntimeError: when the model is not compiled.
-        ValueError: when checkpoints exist but none can be read, or they do not fit the model.
+        ValueError: for a `checkpoint_dir` that is not a directory path, or a `model` that is not a Keras
+            model; when checkpoints exist but none can be read, or they do not fit the model.
 
     Example:
 
@@ -193,15 +187,24 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
     >>> kfast.distributed.restore(model, "no-checkpoints-here")
     0
     """
+    import keras
+
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"restore() got model={model!r} ({type(model).__name__}); it must be the compiled "
+                         "keras.Model to load into, as in restore(model, 'checkpoints').")
+    directory = checked_directory("restore()", "checkpoint_dir", checkpoint_dir, "restore(model, 'checkpoints')")
+    if os.path.isfile(directory):
+        raise ValueError(f"restore() got checkpoint_dir={directory!r}, which is a file; pass the directory that "
+                         "holds the checkpoints (restore() picks the newest in it).")
     if model.optimizer is None:
         raise RuntimeError("restore() needs a compiled model: call model.compile(...) first.")
     if model.built and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    found: tuple[int, dict[str, Any] | None, dict[str, Any]] = (0, None, {})
+    found: _Found | None = None
     error: Exception | None = None
     if distributed.is_chief():
         try:
-            found = _load_latest(model, checkpoint_dir)
+            found = _load_latest(model, directory)
         except Exception as e:  # noqa: BLE001 - re-raised on every rank below, so no rank waits forever
             error = e
     # Every rank learns of rank 0's failure, so none is left waiting in a collective.
@@ -209,11 +212,18 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
     if error is not None:
         raise error
     if message is not None:
-        raise ValueError(f"Rank 0 could not restore from {checkpoint_dir}: {message}")
-    epoch, build_config, state = found
-    if epoch:
-        _build(model, build_config, checkpoint_dir)
-        distributed.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
+        raise ValueError(f"Rank 0 could not restore from {directory}: {message}")
     training_state(model).clear()
+    _RESTORED.pop(model, None)
+    if found is None:
+        return 0
+    position, build_config, state, best, path = found
+    _build(model, build_config, directory)
+    distributed.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
     training_state(model).update(state)
-    return epoch
+    _RESTORED[model] = RestorePoint(os.path.realpath(directory), path, position.epoch, position.batch, best)
+    if position.batch and distributed.is_chief():
+        warnings.warn(f"kfast restored {path}, saved {position.batch} batch(es) into epoch {position.epoch + 1}; "
+                      f"resuming inside an epoch is not supported yet, so fit(initial_epoch={position.epoch}) runs "
+                      f"epoch {position.epoch + 1} again from its first batch.", stacklevel=2)
+    return position.epoch

@@ -35,8 +35,8 @@ _HOROVOD_OP = re.compile(r"Horovod\w*(Allreduce|Allgather|Broadcast)|Horovod has
 class ElasticState:
     """What an elastic job keeps through a membership change, committed in memory on every rank.
 
-    `commit()` copies the model's weights, the optimizer's variables, kfast's training state (base learning
-    rate, best checkpoint value), the epoch and the position in it to host memory, then raises Horovod's
+    `commit()` copies the model's weights, the optimizer's variables, kfast's training state (the base learning
+    rate; the best checkpoint value lives in the checkpoint callback and on disk), the epoch and the position in it to host memory, then raises Horovod's
     `HostsUpdatedInterrupt` (on every rank together) if hosts were added or removed. After a lost rank the
     survivors `restore()` the last commit; then every rank, new ones included, takes rank 0's state
     (`sync()`).
