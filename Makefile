@@ -11,7 +11,7 @@ BACKEND_STAMPS := .venv-jax/.kfast-setup-done .venv-torch/.kfast-setup-done
 BACKEND_INPUTS := setup.cfg pyproject.toml constraints.txt constraints-backends.txt scripts/setup_backend_env.sh
 BACKEND_TESTS := tests/test_backends.py tests/data/test_loader.py tests/data/test_loader_robustness.py \
 	tests/test_diagnose.py tests/test_tune.py tests/callbacks/test_monitors.py tests/test_gpu_check.py \
-	tests/data/test_fill.py tests/data/test_loader_order.py
+	tests/data/test_fill.py tests/data/test_loader_order.py tests/test_diagnose_data.py
 
 .PHONY: demo test docs setup multihost-setup gpu-build-check backend-setup test-backends clean
 

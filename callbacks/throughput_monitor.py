@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kfast._core import callback_order
+from kfast._core import tf_datasets
 from kfast._core.epoch_clock import EpochClock
 
 
@@ -16,6 +17,14 @@ class ThroughputMonitor(EpochClock):
     the epoch the training loop spent blocked waiting for the next batch: near 0 means the input keeps
     up, large means the model is starved. Without a loader, pass `batch_size` for samples/s.
 
+    A `tf.data.Dataset` may be passed as `loader` too. Samples/s then counts `steps x batch size`, the
+    batch size read from the dataset's `element_spec` when it fixes one (`batch(n, drop_remainder=True)`),
+    else taken from `batch_size`, else not logged (a plain `batch(n)` leaves the size unknown, and a short
+    last batch counts as a full one). `input_wait_fraction` is not logged for a `tf.data.Dataset`: the
+    wait happens inside TensorFlow's iterator, out of sight of Python and of this callback, and kfast
+    will not log a guess (TensorBoard's profiler, `keras.callbacks.TensorBoard(profile_batch=...)`, shows
+    the pipeline's own timeline).
+
     Only training steps count: the epoch's clock stops when validation begins (Keras validates before
     `on_epoch_end`), so `validation_data` does not dilute the rates.
 
@@ -25,8 +34,13 @@ class ThroughputMonitor(EpochClock):
     `MetricAverage` therefore averages them over ranks, like the loss.
 
     Args:
-        loader: the `FastLoader` feeding `fit`. Defaults to `None`.
-        batch_size: samples per batch when there is no loader. Defaults to `None`.
+        loader: the `FastLoader` or `tf.data.Dataset` feeding `fit`. Defaults to `None`.
+        batch_size: samples per batch when there is no loader, or when a `tf.data.Dataset`'s spec does
+            not fix it. Defaults to `None`.
+
+    Raises:
+        ValueError: for a `loader` that is neither, or a `batch_size` that contradicts the batch size the
+            `tf.data.Dataset` fixes.
 
     Example:
 
@@ -38,14 +52,33 @@ class ThroughputMonitor(EpochClock):
     ...     history = model.fit(loader, verbose=0, callbacks=[kfast.callbacks.ThroughputMonitor(loader)])
     >>> sorted(key for key in history.history if key != "loss")
     ['input_wait_fraction', 'samples_per_second', 'step_time', 'steps_per_second']
+
+    With a `tf.data.Dataset` whose batches all hold 16 samples:
+
+    >>> import tensorflow as tf
+    >>> ds = tf.data.Dataset.from_tensor_slices((np.ones((64, 4)), np.ones(64))).batch(16, drop_remainder=True)
+    >>> monitor = kfast.callbacks.ThroughputMonitor(ds)
+    >>> history = model.fit(ds, verbose=0, shuffle=False, callbacks=[monitor])  # a tf.data.Dataset shuffles itself
+    >>> sorted(key for key in history.history if key != "loss")
+    ['samples_per_second', 'step_time', 'steps_per_second']
     """
 
     _writes_epoch_logs = True  # kfast._core.callback_order.run_first puts it ahead of the loggers
 
     def __init__(self, loader: Any = None, batch_size: int | None = None) -> None:
+        if tf_datasets.is_tf_dataset(loader):
+            fixed = tf_datasets.static_batch_size(loader)
+            if fixed is not None and batch_size is not None and batch_size != fixed:
+                raise ValueError(f"ThroughputMonitor got batch_size={batch_size!r} with a tf.data.Dataset whose "
+                                 f"batches hold {fixed} samples each (its element_spec); drop batch_size, or "
+                                 "pass the dataset that feeds fit.")
+            # The epoch clock reads no counters from it: a tf.data pipeline keeps none that Python can see.
+            super().__init__(None)
+            self.batch_size = fixed or batch_size
+            return
         if loader is not None and not hasattr(loader, "wait_seconds"):
             raise ValueError(f"ThroughputMonitor got loader={type(loader).__name__}; pass a kfast.data.FastLoader "
-                             "(or batch_size= for any other data).")
+                             "or a tf.data.Dataset (or batch_size= for any other data).")
         super().__init__(loader)
         self.batch_size = batch_size
 

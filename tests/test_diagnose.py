@@ -43,7 +43,10 @@ def test_slow_input_is_diagnosed_input_bound():
 def test_heavy_model_on_cheap_data_is_compute_bound():
     model = _model(512, 1024, 4)
     d = kfast.diagnose(model, datasets.Features(n=20, batch_size=256, width=512), steps=10, warmup=3)
-    assert d.verdict == "compute-bound", str(d)
+    # On a machine whose cores other processes share, the model's own step times vary from stretch to
+    # stretch, and the verdict may say so ("uncertain"); the likeliest is compute-bound, never input-bound.
+    assert d.could_be[0] == "compute-bound" and "input-bound" not in d.could_be, str(d)
+    assert d.verdict in ("compute-bound", "uncertain")
     assert d.input_batches_per_s > d.compute_steps_per_s
     assert "larger batch size" in d.recommendations[-1]
 
@@ -74,6 +77,8 @@ def test_bad_arguments():
     model = _model(8, 8, 1)
     with pytest.raises(ValueError, match="steps=0"):
         kfast.diagnose(model, datasets.Features(), steps=0)
+    with pytest.raises(ValueError, match=r"budget_s=0; it must be a finite number of seconds > 0"):
+        kfast.diagnose(model, datasets.Features(), budget_s=0)
     with pytest.raises(ValueError, match="Features with no batches"):
         kfast.diagnose(model, datasets.Features(n=0))
     batches = datasets.Features(n=3)
@@ -81,10 +86,12 @@ def test_bad_arguments():
         kfast.diagnose(model, iter([batches[i] for i in range(3)]), steps=4, warmup=0)
     with pytest.raises(ValueError, match="which is not compiled; call model.compile"):
         kfast.diagnose(keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]), datasets.Features())
-    unbuilt = keras.Sequential([keras.layers.Dense(1)])
-    unbuilt.compile("sgd", "mse")
-    with pytest.raises(ValueError, match=r"diagnose got model .* not built yet"):
-        kfast.diagnose(unbuilt, datasets.Features())
+    wrong = keras.Sequential([keras.layers.Dense(1), keras.layers.Reshape((3, 5))])  # cannot take its batches
+    wrong.compile("sgd", "mse")
+    with pytest.raises(ValueError, match=r"diagnose got model 'sequential.*', not built yet, and building it "
+                                         r"from the data's first batch \(shapes \[\(32, 8\), \(32, 1\)\]\), as fit does, "
+                                         r"failed: "):
+        kfast.diagnose(wrong, datasets.Features())
 
 
 @pytest.mark.parametrize("loader", [False, True], ids=["pydataset", "fastloader"])
@@ -101,14 +108,19 @@ def test_diagnose_cycles_a_dataset_shorter_than_the_measurement(loader):
 
 
 def test_step_breakdown_adds_up_to_each_step():
-    d = Diagnosis({"input": [0.030, 0.010, 0.050], "compute": [0.009, 0.010, 0.020],
-                   "end_to_end": [0.008, 0.025, 0.060]}, batch_size=4)
-    parts = d.step_breakdown()
-    # compute: the 10 ms median, or the whole of a faster step; input wait: 30 - 10 ms at most.
+    times = {"input": [0.030, 0.010, 0.050, 0.030], "compute": [0.009, 0.011, 0.010, 0.010],
+             "end_to_end": [0.008, 0.025, 0.060]}
+    parts = Diagnosis(times, batch_size=4).step_breakdown()
+    # compute: the typical 10 ms, or the whole of a faster step; the next batch loads while the model
+    # computes, so input wait is what loading takes beyond a step (the typical 30 ms - 10 ms) at most.
     np.testing.assert_allclose(parts["compute"], [0.008, 0.010, 0.010])
     np.testing.assert_allclose(parts["input_wait"], [0.0, 0.015, 0.020])
     np.testing.assert_allclose(parts["other"], [0.0, 0.0, 0.030], atol=1e-12)
-    np.testing.assert_allclose(sum(parts.values()), d.times["end_to_end"])
+    np.testing.assert_allclose(sum(parts.values()), times["end_to_end"])
+    # Read between steps (a one-worker PyDataset on JAX or PyTorch): loading a batch, 30 ms, at most.
+    between = Diagnosis(times, batch_size=4, overlapped=False).step_breakdown()
+    np.testing.assert_allclose(between["input_wait"], [0.0, 0.015, 0.030])
+    np.testing.assert_allclose(between["other"], [0.0, 0.0, 0.020], atol=1e-12)
 
 
 def _png_size(path):
@@ -166,3 +178,65 @@ def test_report_prints_a_phase_without_gpu_samples():
                        sampler=_scripted([(0.0, 1), (90.0, 1)] * 100))
     d.gpu["compute"] = {}  # what a phase gets when it ends before the sampler's first reading
     assert "GPU compute    no sample" in str(d)
+
+
+class Net(keras.Model):
+    """A subclassed model without keras.Input: layers made in __init__, used in call, no variables until
+    it is called."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(8, activation="relu")
+        self.out = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def _net(built_by="nothing"):
+    keras.utils.set_random_seed(0)
+    net = Net()
+    net.compile(keras.optimizers.Adam(1e-2), "mse", metrics=["mae"])
+    if built_by == "model.build":  # marks the model built; its Dense layers still have no variables
+        with pytest.warns(UserWarning, match=r"does not have a `build\(\)` method"):
+            net.build((None, 4))
+        assert net.built and not net.weights
+    return net
+
+
+def _trains_as_a_twin_that_only_fit_saw(net, data):
+    """`net`, handed back by diagnose/tune/plan, holds the weights it was built with and a fresh optimizer:
+    fit afterwards trains it exactly as it trains a twin built by fit itself."""
+    twin = _net()
+    assert int(net.optimizer.iterations.numpy()) == 0
+    net.fit(data, epochs=1, shuffle=False, verbose=0)
+    twin.fit(data, epochs=1, shuffle=False, verbose=0)
+    assert len(net.get_weights()) == len(twin.get_weights()) == 4
+    for a, b in zip(net.get_weights(), twin.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert int(net.optimizer.iterations.numpy()) == int(twin.optimizer.iterations.numpy()) == len(data)
+
+
+@pytest.mark.parametrize("built_by", ["nothing", "model.build"])
+def test_diagnose_builds_a_subclassed_model_from_the_first_batch(built_by):
+    net, data = _net(built_by), datasets.Regression(n=6, batch_size=16)
+    d = kfast.diagnose(net, data, steps=6, warmup=1)
+    assert d.batch_size == 16 and [len(d.times[k]) for k in ("input", "compute", "end_to_end")] == [6, 6, 6]
+    _trains_as_a_twin_that_only_fit_saw(net, data)
+
+
+@pytest.mark.parametrize("built_by", ["nothing", "model.build"])
+def test_tune_with_a_subclassed_model_builds_it_as_fit_does(built_by, tmp_path, monkeypatch):
+    monkeypatch.setenv("KFAST_CACHE_DIR", str(tmp_path))
+    net, data = _net(built_by), datasets.Regression(n=6, batch_size=16)
+    result = kfast.tune(data, model=net, budget_s=1, max_workers=1, force=True)
+    assert result.batches_per_s > 0
+    _trains_as_a_twin_that_only_fit_saw(net, data)
+
+
+@pytest.mark.parametrize("built_by", ["nothing", "model.build"])
+def test_plan_of_a_subclassed_model_builds_it_from_the_dataset(built_by):
+    net, data = _net(built_by), datasets.Regression(n=6, batch_size=16)
+    plan = kfast.plan(net, data, ranks=[1, 2], steps=3)
+    assert plan.parameters == 4 * 8 + 8 + 8 + 1 and plan.batch_size == 16 and plan.compute_s > 0
+    _trains_as_a_twin_that_only_fit_saw(net, data)

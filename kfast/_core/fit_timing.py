@@ -2,7 +2,18 @@
 
 `kfast.diagnose` times the model alone and end to end, `kfast.tune(model=...)` scores each loader setting
 by the steps/s training reaches with it, and `kfast.plan` times the compute of one step; all of them hand
-the model back untouched, and all of them refuse a model they cannot train and put back in one way.
+the model back untouched, all of them refuse a model they cannot train and put back in one way, and all of
+them build a model that is not built yet from the data's first batch, as `fit` does.
+
+NOTE [ Building as fit does ]: a subclassed model (layers made in `__init__`, used in `call`, no
+`keras.Input`) has no variables until it is called, and `model.build(input_shape)` on one marks it built
+while its layers still have none. `fit` builds such a model from its first batch: Keras's trainers call
+`Trainer._symbolic_build`, which traces the model, the compiled loss and metrics on symbolic tensors shaped
+like the batch and then builds the optimizer for the variables that made. Its weights can only be saved and
+put back after that, and an optimizer built before it would know none of them (Keras then refuses to apply
+gradients: "Unknown variable"). `build_from_batch` calls that same method (a private one: it is the only
+way to build exactly as fit does, on every backend), so the block of `state_kept` that follows sees every
+variable training will touch.
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfast._core.tf_datasets import is_tf_dataset
+
 
 class StepClock(keras.callbacks.Callback):
     """Stamps the end of every training step and stops training after `most` steps, or once `seconds` have
@@ -25,11 +38,14 @@ class StepClock(keras.callbacks.Callback):
         most: the most steps to train, warm-up included.
         warmup: steps before the timing starts (the first one traces the step). Defaults to `0`.
         seconds: stop after this long, counted from the end of warm-up. Defaults to `None`: after `most`.
+        deadline: stop once `time.perf_counter()` passes this, warm-up included. Defaults to `None`.
+        least: timed steps to take before `seconds` or `deadline` may stop training. Defaults to `3`.
     """
 
-    def __init__(self, most: int, *, warmup: int = 0, seconds: float | None = None) -> None:
+    def __init__(self, most: int, *, warmup: int = 0, seconds: float | None = None, deadline: float | None = None,
+                 least: int = 3) -> None:
         super().__init__()
-        self.most, self.warmup, self.seconds = most, warmup, seconds
+        self.most, self.warmup, self.seconds, self.deadline, self.least = most, warmup, seconds, deadline, least
         self.stamps: list[float] = []
         self.stopped = False
 
@@ -41,8 +57,9 @@ class StepClock(keras.callbacks.Callback):
         self.stamps.append(now)
         steps = len(self.stamps) - 1
         timed = steps - self.warmup
-        if steps >= self.most or (self.seconds is not None and timed >= 3
-                                  and now - self.stamps[self.warmup] >= self.seconds):
+        late = ((self.seconds is not None and timed > 0 and now - self.stamps[self.warmup] >= self.seconds)
+                or (self.deadline is not None and now >= self.deadline))
+        if steps >= self.most or (late and timed >= self.least):
             self.stopped = True
             self.model.stop_training = True
 
@@ -71,17 +88,21 @@ def batches_per_epoch(data: Any) -> int | None:
         return None
 
 
-def timed_fit(model: keras.Model, data: Any, clock: StepClock) -> StepClock:
-    """Trains `model` on `data` until `clock` stops it; data shorter than that is read for several epochs,
-    as training would. `model.history` is left as it was."""
+def timed_fit(model: keras.Model, data: Any, clock: StepClock,
+              callbacks: list[keras.callbacks.Callback] | None = None) -> StepClock:
+    """Trains `model` on `data` until `clock` stops it; data shorter than that is read for the passes the
+    clock's `most` steps need and no more, as training would. `model.history` is left as it was."""
     length = batches_per_epoch(data)
     history = getattr(model, "history", None)
+    # Keras shuffles a PyDataset's batch order by default, as training does; a tf.data pipeline shuffles
+    # itself, and fit warns when asked to.
+    kwargs = {"verbose": 0, "callbacks": [clock] + list(callbacks or []), "shuffle": not is_tf_dataset(data)}
     try:
         if length is None:
-            model.fit(data, epochs=1, steps_per_epoch=clock.most, verbose=0, callbacks=[clock])
+            model.fit(data, epochs=1, steps_per_epoch=clock.most, **kwargs)
         else:
             # Whole epochs rather than steps_per_epoch > length, which Keras ends early with "ran out of data".
-            model.fit(data, epochs=math.ceil((clock.most + 1) / length), verbose=0, callbacks=[clock])
+            model.fit(data, epochs=math.ceil(clock.most / length), **kwargs)
     finally:
         model.history = history  # fit replaced it with this run's
     return clock
@@ -113,6 +134,70 @@ def check_model(caller: str, model: Any, *, built: bool = True) -> None:
         raise ValueError(f"{caller} got model {model.name!r}, which is not built yet, so its weights cannot be saved "
                          "and put back; build it first (keras.Input in the model, model.build(input_shape), or "
                          "call it on one batch).")
+
+
+def first_batch(data: Any) -> Any:
+    """The first batch of `data`: `data[0]` of a PyDataset-like object, else the first one its iteration
+    yields (a FastLoader's prefetched stream, a `tf.data.Dataset`, any iterable).
+
+    Example:
+
+    >>> first_batch([np.zeros((2, 3))]).shape
+    (2, 3)
+    """
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__") and not hasattr(data, "wait_seconds"):
+        if len(data):
+            return data[0]
+    else:
+        for batch in data:
+            return batch
+    raise ValueError(f"got {type(data).__name__} with no batches; pass the data you train on.")
+
+
+def _unbuilt(model: keras.Model) -> bool:
+    # model.build() on a subclassed model marks the model built while its layers are not (see the NOTE above).
+    return not model.built or not all(layer.built for layer in model._flatten_layers())
+
+
+def build_from_batch(model: keras.Model, batch: Any, caller: str = "kfast") -> None:
+    """Builds what `fit` builds from its first batch, when the model is not built yet: the layers' variables,
+    the compiled loss and metrics, and the optimizer for those variables (see NOTE [ Building as fit does ]).
+    A built model is left alone.
+
+    Raises:
+        ValueError: when the model cannot be built from `batch` (Keras's own error, as its cause).
+
+    Example:
+
+    >>> model = keras.Sequential([keras.layers.Dense(1)])  # no keras.Input: no variables yet
+    >>> model.compile("adam", "mse")
+    >>> build_from_batch(model, (np.ones((8, 3), "float32"), np.ones((8, 1), "float32")))
+    >>> [tuple(v.shape) for v in model.weights], model.optimizer.built
+    ([(3, 1), (1,)], True)
+    """
+    if not _unbuilt(model):
+        return
+    strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's, where its variables must be made
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        try:
+            model._symbolic_build(data_batch=batch)
+        except (ValueError, RuntimeError) as e:
+            shapes = [tuple(np.shape(leaf)) for leaf in keras.tree.flatten(batch)]
+            raise ValueError(f"{caller} got model {model.name!r}, not built yet, and building it from the data's "
+                             f"first batch (shapes {shapes}), as fit does, failed: {e} Check that the batch is what "
+                             "the model's call() expects, or build the model first.") from e
+
+
+def build_if_needed(caller: str, model: Any, data: Any) -> None:
+    """Checks that `model` is compiled, and builds it from the first batch of `data` when it is not built
+    yet, as `fit` would (`build_from_batch`); the first batch is read only then.
+
+    Raises:
+        ValueError: for a model that is not compiled, or data without batches.
+    """
+    check_model(caller, model, built=False)
+    if _unbuilt(model):
+        build_from_batch(model, first_batch(data), caller)
 
 
 def _variables(model: keras.Model) -> list[Any]:

@@ -16,6 +16,7 @@ def add_diagnose(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("target", metavar="TARGET", help="module:function or path/to/file.py:function")
     p.add_argument("--steps", type=int, default=50, help="timed batches per phase (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed batches first (default 5)")
+    p.add_argument("--budget-s", type=float, default=20.0, help="seconds for the three phases (default 20)")
     p.add_argument("--plot", metavar="PNG", help="also write the diagnosis plot to this file")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     p.set_defaults(run=run_diagnose)
@@ -26,7 +27,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
 
     model, data = load_target(args.target)()
     try:
-        result = diagnose(model, data, steps=args.steps, warmup=args.warmup)
+        result = diagnose(model, data, steps=args.steps, warmup=args.warmup, budget_s=args.budget_s)
     finally:
         if hasattr(data, "close"):
             data.close()

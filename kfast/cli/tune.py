@@ -25,11 +25,19 @@ def run_tune(args: argparse.Namespace) -> int:
     dataset = load_target(args.target)()
 
     def progress(trial: dict[str, Any]) -> None:
+        if "use_multiprocessing" not in trial:  # a tf.data pipeline's trial: its settings, by name
+            shown = " ".join(f"{k}={v}" for k, v in trial.items() if k not in ("batches_per_s", "trial"))
+            print(f"  tried {shown} {trial['batches_per_s']:8.1f} batches/s", flush=True)
+            return
         mode = "processes" if trial["use_multiprocessing"] else "threads"
         print(f"  tried {mode:<9} workers={trial['workers']:<3} queue={trial['max_queue_size']:<3} "
               f"{trial['batches_per_s']:8.1f} batches/s", flush=True)
 
-    print(f"tuning {type(dataset).__name__} ({len(dataset)} batches), budget {args.budget:g}s", flush=True)
+    try:
+        count = f"{len(dataset)} batches"
+    except TypeError:  # a tf.data pipeline of unknown cardinality
+        count = "batches not counted"
+    print(f"tuning {type(dataset).__name__} ({count}), budget {args.budget:g}s", flush=True)
     result = tune(dataset, budget_s=args.budget, max_workers=args.max_workers, force=args.force,
                         progress=progress)
     print(result)

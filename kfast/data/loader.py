@@ -151,6 +151,10 @@ class FastLoader(keras.utils.PyDataset):
         # hence kfast's own settings live under other attribute names than PyDataset's.
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
         if not (hasattr(dataset, "__getitem__") and (hasattr(dataset, "__len__") or hasattr(dataset, "num_batches"))):
+            from kfast._core import tf_datasets  # needed on this error path only
+
+            if tf_datasets.is_tf_dataset(dataset):
+                raise TypeError(tf_datasets.fastloader_refusal(dataset))
             raise TypeError(
                 f"FastLoader needs a dataset with __len__ and __getitem__(index) -> batch (a "
                 f"keras.utils.PyDataset, a Keras Sequence or your own class); got {type(dataset).__name__}. "

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kfast._core.checks import check_int
+from kfast._core.tf_datasets import is_tf_dataset
 from kfast.data._workers.worker_form import worker_form
 
 _MODES = ("drop", "pad", "all")
@@ -107,7 +108,3 @@ def shard(dataset: Any, rank: int, size: int, mode: str = "drop", start: int = 0
         return shard_tf_dataset(dataset, rank, size, mode, start)
     return ShardedDataset(dataset, rank, size, mode, start)
 
-
-def is_tf_dataset(data: Any) -> bool:
-    """True for a `tf.data.Dataset`, told without importing TensorFlow (worker processes import this module)."""
-    return any(c.__name__ == "DatasetV2" and c.__module__.startswith("tensorflow.") for c in type(data).__mro__)

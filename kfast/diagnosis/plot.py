@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 # Input wait is the colour to notice; compute is the work the step exists for; other is neutral.
 _PARTS = (("compute", "compute", "#4C72B0"), ("input_wait", "input wait", "#E8743B"),
           ("other", "other (hand-over)", "#A9A9A9"))
-_VERDICT_COLOURS = {"input-bound": "#C44E1A", "compute-bound": "#2E6B30", "balanced": "#6A4C93"}
+_VERDICT_COLOURS = {"input-bound": "#C44E1A", "compute-bound": "#2E6B30", "balanced": "#6A4C93",
+                    "uncertain": "#555555"}
 _PHASE_LABELS = {"input": "input alone", "compute": "compute alone", "end_to_end": "end to end"}
 
 
@@ -59,14 +60,15 @@ def draw(diagnosis: Diagnosis, path: str | os.PathLike[str]) -> None:
 
 
 def _header(fig: Figure, d: Diagnosis) -> None:
-    parts = {name: float(np.median(v)) if len(v) else 0.0 for name, v in d.step_breakdown().items()}
-    step = float(np.median(d.times["end_to_end"]))
+    # Means, so that the parts add up to the step (medians of parts need not).
+    parts = {name: float(np.mean(v)) if len(v) else 0.0 for name, v in d.step_breakdown().items()}
+    step = sum(parts.values())
     b = d.batch_size
     fig.text(0.012, 1 - 0.1 / fig.get_figheight(),
              f"{d.verdict.upper()}: {d.lost_fraction:.0%} of each training step is not spent computing",
              ha="left", va="top", fontsize=15, fontweight="bold", color=_VERDICT_COLOURS.get(d.verdict, "black"))
     fig.text(0.012, 1 - 0.45 / fig.get_figheight(),
-             f"median step {_ms(step)} = {_ms(parts['compute'])} compute + {_ms(parts['input_wait'])} input wait "
+             f"mean step {_ms(step)} = {_ms(parts['compute'])} compute + {_ms(parts['input_wait'])} input wait "
              f"+ {_ms(parts['other'])} other   (batch of {b})\n"
              f"samples/s:  input alone {d.input_batches_per_s * b:,.0f}   |   compute alone "
              f"{d.compute_steps_per_s * b:,.0f}   |   end to end {d.end_to_end_steps_per_s * b:,.0f}",

@@ -1,4 +1,7 @@
-"""`kfast.tune` (defined here): pick FastLoader's workers, processes or threads, and queue depth by measuring."""
+"""`kfast.tune` (defined here): pick FastLoader's workers, processes or threads, and queue depth by measuring.
+
+A `tf.data.Dataset` is handed to `kfast.tuning.tf_data`, which tunes the pipeline itself.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
+from typing import Protocol
+from typing import overload
 
 import keras
 
@@ -13,7 +18,10 @@ from kfast._core.checks import check_int, check_number
 from kfast._core.cpus import doublings
 from kfast._core.cpus import usable_cpus
 from kfast._core import fit_timing
+from kfast._core import tf_datasets
 from kfast.tuning import cache as tune_cache
+from kfast.tuning import tf_data
+from kfast.tuning.tf_data_result import TfDataTuneResult
 from kfast.data.loader import FastLoader
 from kfast.data.settings import LoaderSettings
 
@@ -138,9 +146,30 @@ def _choose(trials: list[dict[str, Any]]) -> dict[str, Any]:
     return min(good, key=lambda t: (t["workers"], t["max_queue_size"], -t["batches_per_s"]))
 
 
+class _Batches(Protocol):
+    """What a PyDataset offers FastLoader; a `tf.data.Dataset` has no `__getitem__`."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
+# A dataset with batches by index gets a TuneResult; anything else may be a tf.data pipeline.
+@overload
+def tune(dataset: _Batches, *, model: keras.Model | None = ..., budget_s: float = ..., max_workers: int | None = ...,
+         target_batches_per_s: float | None = ..., force: bool = ...,
+         progress: Callable[[dict[str, Any]], None] | None = ...) -> TuneResult: ...
+
+
+@overload
+def tune(dataset: Any, *, model: keras.Model | None = ..., budget_s: float = ..., max_workers: int | None = ...,
+         target_batches_per_s: float | None = ..., force: bool = ...,
+         progress: Callable[[dict[str, Any]], None] | None = ...) -> TuneResult | TfDataTuneResult: ...
+
+
 def tune(dataset: Any, *, model: keras.Model | None = None, budget_s: float = 30, max_workers: int | None = None,
          target_batches_per_s: float | None = None, force: bool = False,
-         progress: Callable[[dict[str, Any]], None] | None = None) -> TuneResult:
+         progress: Callable[[dict[str, Any]], None] | None = None) -> TuneResult | TfDataTuneResult:
     """Finds the fastest FastLoader settings for `dataset` on this machine, by measuring.
 
     Tries threads, then processes, with 1, 2, 4, ... workers (up to `max_workers`), each in a short burst
@@ -157,8 +186,13 @@ def tune(dataset: Any, *, model: keras.Model | None = None, budget_s: float = 30
     its own is not always the one that trains fastest. The model's weights and optimizer state are put
     back afterwards.
 
+    A `tf.data.Dataset` is tuned as the pipeline it is: its `tf.data.Options`, a `prefetch` appended, and
+    `cache()` where two passes give the same batches and an epoch fits in memory; the result is a
+    `TfDataTuneResult`, whose `loader(dataset)` returns the tuned `tf.data.Dataset`. `max_workers` then
+    bounds the private thread pool tried, and nothing is cached on disk (see `kfast.tuning.tf_data`).
+
     Args:
-        dataset: anything FastLoader accepts.
+        dataset: anything FastLoader accepts, or a `tf.data.Dataset`.
         model: a compiled Keras model to measure training steps with. Defaults to `None`: the loader alone.
         budget_s: time budget in seconds. Defaults to `30`.
         max_workers: the most workers to try. Defaults to `None`: twice the usable CPU cores.
@@ -167,7 +201,8 @@ def tune(dataset: Any, *, model: keras.Model | None = None, budget_s: float = 30
         progress: called with each trial's dict as it finishes. Defaults to `None`.
 
     Returns:
-        A `TuneResult`; `result.loader(dataset)` builds the configured FastLoader.
+        A `TuneResult`; `result.loader(dataset)` builds the configured FastLoader. For a `tf.data.Dataset`,
+        a `TfDataTuneResult`; `result.loader(dataset)` is the tuned pipeline.
 
     Raises:
         ValueError: for a budget that is not a finite number > 0, a max_workers that is not a positive
@@ -183,7 +218,18 @@ def tune(dataset: Any, *, model: keras.Model | None = None, budget_s: float = 30
     >>> with result.loader(data) as loader:  # pass this loader to model.fit
     ...     len(loader)
     8
+
+    A `tf.data.Dataset` is tuned in place of the loader:
+
+    >>> import tensorflow as tf
+    >>> ds = tf.data.Dataset.range(64).map(lambda i: (tf.cast(i, "float32"), i % 2)).batch(8)
+    >>> tuned = kfast.tune(ds, budget_s=1).loader(ds)  # a tf.data.Dataset to pass to model.fit
+    >>> sum(int(tf.size(y)) for _, y in tuned)
+    64
     """
+    if tf_datasets.is_tf_dataset(dataset):  # a built pipeline: tf.data's options, prefetch and cache
+        return tf_data.tune_tf_data(dataset, model=model, budget_s=budget_s, max_workers=max_workers,
+                                    target_batches_per_s=target_batches_per_s, progress=progress)
     check_number("tune", "budget_s", budget_s, above=0, unit="seconds", hint="e.g. budget_s=30")
     cpus = usable_cpus()
     # Validated before defaulting: only None means "the default"; 0 is a mistake, not a request for it.
@@ -191,7 +237,7 @@ def tune(dataset: Any, *, model: keras.Model | None = None, budget_s: float = 30
     if max_workers is None:
         max_workers = 2 * cpus
     if model is not None:
-        fit_timing.check_model("tune", model)
+        fit_timing.build_if_needed("tune", model, dataset)  # compiled; built from the first batch as fit does
     key = tune_cache.signature(dataset, model)
     # An explicit max_workers above 4x the cores is honoured; a cached count beyond both is not tune's.
     cached = None if force else tune_cache.load(key, most_workers=max(max_workers, 4 * cpus))

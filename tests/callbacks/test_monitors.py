@@ -80,6 +80,52 @@ def test_throughput_monitor_values_reach_history_and_csv(tmp_path):
     assert len(rows) == 2 and float(rows[1]["samples_per_second"]) > 0
 
 
+def _tf_pipeline(drop_remainder):
+    import tensorflow as tf
+
+    x = datasets.Features(n=6).x
+    x = np.concatenate([x] * 3)  # 96 samples of 8 features
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(
+        16, drop_remainder=drop_remainder)
+
+
+@pytest.mark.skipif(not _HAS_TENSORFLOW, reason="a tf.data pipeline needs TensorFlow")
+def test_throughput_monitor_with_a_tf_data_pipeline_in_fit(tmp_path):
+    ds = _tf_pipeline(drop_remainder=True)  # element_spec fixes batches of 16
+    monitor = kfast.callbacks.ThroughputMonitor(loader=ds)
+    history = _model().fit(ds, epochs=2, verbose=0, shuffle=False,
+                           callbacks=[monitor, keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))])
+    h = history.history
+    assert sorted(k for k in h if k != "loss") == ["samples_per_second", "step_time", "steps_per_second"]
+    for key in ("samples_per_second", "step_time", "steps_per_second"):
+        assert len(h[key]) == 2 and all(v > 0 for v in h[key]), key
+    assert h["samples_per_second"][1] == pytest.approx(h["steps_per_second"][1] * 16, rel=1e-12)
+    assert h["step_time"][1] == pytest.approx(1 / h["steps_per_second"][1], rel=1e-12)
+    with open(tmp_path / "log.csv") as f:
+        assert "input_wait_fraction" not in f.readline()  # not measurable from Python: not logged
+
+
+@pytest.mark.skipif(not _HAS_TENSORFLOW, reason="a tf.data pipeline needs TensorFlow")
+def test_throughput_monitor_takes_samples_from_batch_size_when_the_spec_leaves_it_open():
+    ds = _tf_pipeline(drop_remainder=False)  # batch(16): the first dimension is unknown
+    open_size = kfast.callbacks.ThroughputMonitor(ds)
+    given = kfast.callbacks.ThroughputMonitor(ds, batch_size=16)
+    history = _model().fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[open_size, given])
+    h = history.history
+    # Both write the same keys into one epoch's logs: the one that knows the batch size adds samples/s.
+    assert h["samples_per_second"][0] == pytest.approx(h["steps_per_second"][0] * 16, rel=1e-12)
+    assert (open_size.batch_size, given.batch_size, open_size.loader) == (None, 16, None)
+    logs = {}
+    open_size.on_epoch_begin(0)
+    open_size.params = {"steps": 6}
+    open_size.on_epoch_end(0, logs)
+    assert sorted(logs) == ["step_time", "steps_per_second"]
+    with pytest.raises(ValueError, match=r"batch_size=8 with a tf.data.Dataset whose batches hold 16 samples"):
+        kfast.callbacks.ThroughputMonitor(_tf_pipeline(drop_remainder=True), batch_size=8)
+    with pytest.raises(ValueError, match=r"loader=list; pass a kfast.data.FastLoader or a tf.data.Dataset"):
+        kfast.callbacks.ThroughputMonitor([1, 2])
+
+
 def test_gpu_monitor_logs_the_same_keys_in_an_epoch_without_samples():
     cb = kfast.callbacks.GPUMonitor(interval=60, sampler=lambda: (70.0, 5))
     cb.set_model(_model())
