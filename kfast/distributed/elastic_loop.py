@@ -102,8 +102,10 @@ def elastic_fit(model: keras.Model, dataset: Any, *, epochs: int, validation_dat
         # A new ring may have another size: trace the train step again rather than reuse the old one.
         model.train_function = None
         def loader_of(data):
+            # In index order: commits count positions in the epoch's order, the same on every rank (set_epoch);
+            # a loader's own permutation, seeded differently on each rank, would skip and repeat batches.
             return FastLoader(data, workers=workers, use_multiprocessing=use_multiprocessing,
-                              max_queue_size=max_queue_size)
+                              max_queue_size=max_queue_size, shuffle=False)
 
         while state.epoch < epochs:
             size = distributed.size()

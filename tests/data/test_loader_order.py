@@ -92,3 +92,17 @@ def test_a_plain_loop_is_in_index_order_and_shuffle_must_be_a_bool():
         assert [int(x[0, 0]) // 2 for x, _ in loader] == list(range(N))
     with pytest.raises(ValueError, match=r"shuffle='yes'.*True, False, or None"):
         FastLoader(_data(), shuffle="yes")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="kfast.distributed trains through TensorFlow's collectives; the TensorFlow run covers it")
+def test_elastic_fit_reads_each_epoch_in_the_datasets_order():
+    # Its commits count positions in the epoch's order, the same on every rank: a loader shuffling by fit's
+    # default would skip and repeat batches after a membership change (found by tests/multihost/test_elastic.py).
+    import kfast
+
+    seen = []
+    model = keras.Sequential([keras.Input((1,)), Recorder(seen), keras.layers.Dense(1)])
+    model.compile(kfast.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse", run_eagerly=True)
+    kfast.distributed.elastic_fit(model, _data(), epochs=2, commit_every=4, use_multiprocessing=False, verbose=0)
+    assert _epochs(seen, 2) == [list(range(N))] * 2
