@@ -1,9 +1,11 @@
 """Test helpers shared by every test module (on sys.path through pytest's `pythonpath`)."""
 
+import json
 import os
 import re
 import subprocess
 import sys
+import zipfile
 
 import keras
 import pytest
@@ -56,6 +58,16 @@ def rank_lines(output, marker):
         if line.startswith("[") and "]<stdout>:" in line and marker in line:
             found[int(line[1:line.index("]")])] = line.split("]<stdout>:", 1)[1]
     return found
+
+
+def rewrite_state(path, state):
+    """Replaces kfast's training state (kfast-state.json) inside the checkpoint at `path` by `state`."""
+    with zipfile.ZipFile(path) as z:
+        entries = {info.filename: z.read(info) for info in z.infolist()}
+    entries["kfast-state.json"] = json.dumps(state).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
 
 
 class RecordRates(keras.callbacks.Callback):

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+from helpers import rewrite_state
 import kfast
 import kfast.callbacks
 from kfast.distributed import checkpoint
@@ -102,24 +103,15 @@ def test_checkpoint_state_is_inside_the_keras_file_and_it_still_loads(tmp_path):
     assert type(keras.saving.load_model(path).optimizer).__name__ == "Adam"
 
 
-def _rewrite_state(path, state):
-    with zipfile.ZipFile(path) as z:
-        entries = {info.filename: z.read(info) for info in z.infolist()}
-    entries["kfast-state.json"] = json.dumps(state).encode()
-    with zipfile.ZipFile(path, "w") as z:
-        for name, data in entries.items():
-            z.writestr(name, data)
-
-
 def test_the_state_carries_its_version_and_a_newer_one_is_refused_by_name(tmp_path):
     _train(tmp_path, epochs=1)
     path = checkpoint.epoch_path(str(tmp_path), 1)
     saved = json.loads(zipfile.ZipFile(path).read("kfast-state.json"))
     assert saved["version"] == checkpoint.STATE_VERSION
     # Written before states had a version: the same keys, read as they are.
-    _rewrite_state(path, {k: v for k, v in saved.items() if k != "version"})
+    rewrite_state(path, {k: v for k, v in saved.items() if k != "version"})
     assert kfast.distributed.restore(_compiled(_mnist_like()), str(tmp_path)) == 1
-    _rewrite_state(path, {**saved, "version": checkpoint.STATE_VERSION + 1})
+    rewrite_state(path, {**saved, "version": checkpoint.STATE_VERSION + 1})
     with pytest.raises(ValueError, match=rf"{path} holds kfast training state of format version "
                                          rf"{checkpoint.STATE_VERSION + 1}, and this kfast reads versions up to"):
         kfast.distributed.restore(_compiled(_mnist_like()), str(tmp_path))

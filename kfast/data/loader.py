@@ -176,7 +176,7 @@ class FastLoader(keras.utils.PyDataset):
         if shuffle is not None and not isinstance(shuffle, bool):
             raise ValueError(f"FastLoader got shuffle={shuffle!r}; pass True, False, or None to follow fit(shuffle=...).")
         self.shuffle = shuffle
-        self._shuffling = bool(shuffle)  # the order batches are dispatched in now (see _keras_shuffle)
+        self._shuffling = bool(shuffle)  # the order batches are dispatched in now (see kfast.data._keras_order)
         self.seed = secrets.randbits(63) if seed is None else int(seed)
         self.timeout = timeout
         self._interrupt_mark = time.monotonic()

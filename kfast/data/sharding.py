@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kfast._core.checks import check_int
 from kfast._core.tf_datasets import is_tf_dataset
+from kfast.data._shard_checks import check_enough
+from kfast.data._shard_checks import check_shard
 from kfast.data._workers.worker_form import worker_form
 
-_MODES = ("drop", "pad", "all")
 
 
 class ShardedDataset:
@@ -44,17 +44,9 @@ class ShardedDataset:
     """
 
     def __init__(self, dataset: Any, rank: int, size: int, mode: str = "drop", start: int = 0) -> None:
-        check_int("ShardedDataset", "size", size, hint="usually kfast.distributed.size()")
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
-            raise ValueError(f"ShardedDataset got rank={rank!r} with size={size}; rank must be in [0, {size}).")
-        if mode not in _MODES:
-            raise ValueError(f"ShardedDataset got mode={mode!r}; use 'drop', 'pad' (equal steps for fit) or 'all' "
-                             "(every batch once, for evaluate and predict).")
-        check_int("ShardedDataset", "start", start, least=0, hint="batches of the epoch already trained")
+        check_shard("ShardedDataset", rank, size, mode, start)
         n = len(dataset) - start
-        if n < size:
-            raise ValueError(f"ShardedDataset: the dataset has {n} batches for {size} ranks; every rank needs at "
-                             "least one. Use a smaller batch size or fewer ranks.")
+        check_enough("ShardedDataset", n, size)
         self.dataset, self.rank, self.size, self.mode, self.start = dataset, rank, size, mode, start
         self._len = {"drop": n // size, "pad": -(-n // size), "all": len(range(rank, n, size))}[mode]
 

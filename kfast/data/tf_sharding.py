@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from kfast._core.checks import check_int
+from kfast.data._shard_checks import check_enough
+from kfast.data._shard_checks import check_shard
 from kfast.distributed import _horovod as distributed
 
 
@@ -96,17 +97,9 @@ def shard_tf_dataset(dataset: Any, rank: int, size: int, mode: str = "drop", sta
     >>> [int(shard_tf_dataset(batches, 1, 2, "pad").cardinality()), int(shard_tf_dataset(batches, 1, 2, "all").cardinality())]
     [3, 2]
     """
-    check_int("kfast.data.shard", "size", size, hint="usually kfast.distributed.size()")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
-        raise ValueError(f"kfast.data.shard got rank={rank!r} with size={size}; rank must be in [0, {size}).")
-    if mode not in ("drop", "pad", "all"):
-        raise ValueError(f"kfast.data.shard got mode={mode!r}; use 'drop', 'pad' (equal steps for fit) or 'all' "
-                         "(every batch once, for evaluate and predict).")
-    check_int("kfast.data.shard", "start", start, least=0, hint="batches of the epoch already trained")
+    check_shard("kfast.data.shard", rank, size, mode, start)
     n = _count(dataset, start)
-    if n < size:
-        raise ValueError(f"kfast.data.shard: the dataset has {n} batches for {size} ranks; every rank needs at least "
-                         "one. Use a smaller batch size or fewer ranks.")
+    check_enough("kfast.data.shard", n, size)
     _check_same_order(dataset, check_order)
     source = dataset.skip(start) if start else dataset
     if mode == "drop":

@@ -20,7 +20,6 @@ from kfast._core.checks import check_int
 from kfast._core.checks import check_number
 from kfast._core import fit_timing
 from kfast._core import gpu_sampling
-from kfast._core.fit_timing import first_batch  # noqa: F401 - kfast.plan reads a batch through this module
 from kfast._core.tf_datasets import is_tf_dataset
 from kfast import nvml
 from kfast.data import structure

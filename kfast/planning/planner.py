@@ -254,7 +254,7 @@ def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None
     optimizer = model.optimizer
     accumulation = getattr(optimizer, "backward_passes_per_step", 1)
     compression = compression or getattr(optimizer, "compression", None)
-    batch = measure.first_batch(dataset) if dataset is not None else _synthetic_batch(model, batch_size)
+    batch = fit_timing.first_batch(dataset) if dataset is not None else _synthetic_batch(model, batch_size)
     batch_size = structure.batch_size(batch)
     compute_s = float(np.median(measure.compute_seconds(model, batch, steps=steps)))
     parameters, nbytes, dtype = gradient_size(model, compression)

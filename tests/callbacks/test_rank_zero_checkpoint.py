@@ -1,15 +1,14 @@
 """RankZeroCheckpoint: Keras's monitor conventions, a best model per directory that survives resumes, early write
 checks, Keras's file options (weights only, name templates, save_freq) and clear errors."""
 
-import json
 import os
 import re
-import zipfile
 
 import keras
 import numpy as np
 import pytest
 
+from helpers import rewrite_state
 import kfast
 import kfast.callbacks
 from kfast.distributed import checkpoint
@@ -196,15 +195,6 @@ def test_the_best_of_a_resumed_directory_comes_from_its_best_file(tmp_path):
     assert _best_weight(tmp_path) == 2.0
 
 
-def _rewrite_state(path, state):
-    with zipfile.ZipFile(path) as z:
-        entries = {info.filename: z.read(info) for info in z.infolist()}
-    entries["kfast-state.json"] = json.dumps(state).encode()
-    with zipfile.ZipFile(path, "w") as z:
-        for name, data in entries.items():
-            z.writestr(name, data)
-
-
 def test_a_version_1_checkpoint_with_the_best_in_the_model_state_still_resumes(tmp_path):
     model = _model()
     cb = _started(tmp_path, model)
@@ -212,7 +202,7 @@ def test_a_version_1_checkpoint_with_the_best_in_the_model_state_still_resumes(t
     _epoch(cb, model, 1, 2.0, 0.4)
     # kfast before this layout: no position (the name gives it), the best inside the training state.
     for name in ("epoch-0001.keras", "epoch-0002.keras", "best.keras"):
-        _rewrite_state(tmp_path / name, {"version": 1, "best": {"monitor": "val_loss", "mode": "min", "value": 0.2}})
+        rewrite_state(tmp_path / name, {"version": 1, "best": {"monitor": "val_loss", "mode": "min", "value": 0.2}})
     resumed = _model()
     assert kfast.distributed.restore(resumed, str(tmp_path)) == 2
     assert checkpoint.training_state(resumed) == {}
