@@ -8,6 +8,7 @@ from typing import Any
 import keras
 
 from kfast._core.checks import check_int
+from kfast.data import position as data_position
 from kfast.distributed import _horovod as distributed
 from kfast.distributed.steps import check_equal_steps
 
@@ -71,7 +72,11 @@ class BroadcastState(keras.callbacks.Callback):
         state = list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
         distributed.broadcast_variables(state, root_rank=self.root_rank)
 
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        data_position.expect(self.model)  # the FastLoader that begins this epoch next is the training one
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        data_position.close_window()
         if getattr(self, "_pending", False):
             self._pending = False
             self._broadcast()

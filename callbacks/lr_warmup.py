@@ -8,6 +8,7 @@ import keras
 from kfast._core.checks import check_number
 from kfast._core.messages import print_msg
 
+from kfast.data import position as data_position
 from kfast.distributed import checkpoint
 from kfast.distributed import _horovod as distributed
 
@@ -100,6 +101,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
+        data_position.expect(self.model)
         if not self._in_warmup(epoch):
             # Once per epoch after the warm-up: also right after a resume, and from the start when warmup_epochs=0.
             self.model.optimizer.learning_rate = self.rate_at(epoch, 0)
@@ -107,7 +109,10 @@ class LearningRateWarmup(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Per batch on purpose: a per-epoch jump of N x is what the gradual warm-up exists to avoid.
         if self._in_warmup(self._epoch):
-            self.model.optimizer.learning_rate = self.rate_at(self._epoch, batch)
+            # Inside an epoch resumed from a checkpoint, its batches trained before count too.
+            loader = data_position.training_loader(self.model)
+            offset = loader.epoch_offset if loader is not None else 0
+            self.model.optimizer.learning_rate = self.rate_at(self._epoch, offset + batch)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))

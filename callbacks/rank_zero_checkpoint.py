@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import tempfile
 import warnings
 from typing import Any
@@ -14,11 +15,14 @@ import keras
 from kfast._core.checks import check_int, check_number
 from kfast._core.messages import print_msg
 
+from kfast.data import position as data_position
 from kfast.distributed import _checkpoint_files as files
 from kfast.distributed import checkpoint
 from kfast.distributed import _horovod as distributed
+from kfast.distributed import preemption
 from kfast.distributed._checkpoint_files import Position
 from kfast.distributed._checkpoint_paths import FileNames, checked_directory
+from kfast.distributed._data_state import DataState
 
 
 def metric_direction(model: keras.Model, monitor: str) -> str | None:
@@ -65,8 +69,17 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         save_weights_only: `True` writes `.weights.h5` files (`model.save_weights`: the weights and the
             optimizer's state, not the model's configuration). Defaults to `False`.
         save_freq: `"epoch"` saves after each epoch; an int N saves after every N training batches instead,
-            as Keras's does (a save after an epoch's last batch counts as that epoch's end; see
-            `kfast.distributed.restore` for a save inside an epoch). Defaults to `"epoch"`.
+            as Keras's does (a save after an epoch's last batch counts as that epoch's end). A save inside
+            an epoch records where the data stood, and `kfast.distributed.restore` resumes right there.
+            Defaults to `"epoch"`.
+        preemption_signals: signals that preempt: on one, every rank stops after the same step, rank 0
+            writes a step checkpoint (`epoch-NNNN-batch-NNNN.keras`), and `kfast.distributed.Preempted`
+            ends the run with exit status 75 ("resumable"). Name Slurm's `--signal` too, e.g.
+            `("SIGTERM", "SIGUSR1")`; `None` leaves signals alone. Ctrl-C keeps interrupting at once.
+            Defaults to `("SIGTERM",)`.
+        preemption_timeout: seconds from the signal for the current step to finish; past them (a stuck
+            batch, a dead peer) the process ends at once, without a step checkpoint, with status 128 + the
+            signal, and says so. Keep it under the grace period. Defaults to `20`.
 
     Raises:
         ValueError: for bad arguments; when training begins, for a directory that cannot be written, or
@@ -94,8 +107,9 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
 
     def __init__(self, directory: str | os.PathLike[str], monitor: str | None = "val_loss", mode: str = "auto",
                  keep: int = 3, verbose: int = 0, initial_value_threshold: float | None = None, *,
-                 filename: str | None = None, save_weights_only: bool = False,
-                 save_freq: str | int = "epoch") -> None:
+                 filename: str | None = None, save_weights_only: bool = False, save_freq: str | int = "epoch",
+                 preemption_signals: tuple[str | int, ...] | None = ("SIGTERM",),
+                 preemption_timeout: float = 20.0) -> None:
         super().__init__()
         self.directory = checked_directory("RankZeroCheckpoint", "directory", directory,
                                            "RankZeroCheckpoint('checkpoints')")
@@ -119,18 +133,25 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         if save_freq != "epoch":
             check_int("RankZeroCheckpoint", "save_freq", save_freq, hint="or 'epoch'; an int N saves every N "
                       "training batches")
+        self._signums = preemption.signal_numbers("RankZeroCheckpoint", preemption_signals)
+        check_number("RankZeroCheckpoint", "preemption_timeout", preemption_timeout, above=0, unit="seconds")
         self._names = FileNames(filename, save_weights_only, per_batch=save_freq != "epoch")
+        self._step_names = FileNames(None, save_weights_only, per_batch=True)
         self.monitor, self.mode, self.keep, self.verbose = monitor, mode, keep, verbose
         self.initial_value_threshold = initial_value_threshold
         self.filename, self.save_weights_only, self.save_freq = self._names.template, save_weights_only, save_freq
-        if save_freq != "epoch":
+        self.preemption_signals = tuple(signal.Signals(n).name for n in self._signums) or None
+        self.preemption_timeout = preemption_timeout
+        if save_freq != "epoch" or self._signums:
             # Only then: Keras dispatches batch hooks asynchronously unless a callback overrides one.
-            self.on_train_batch_end = self._save_on_batch
+            self.on_train_batch_end = self._on_batch
         # The best so far of this callback's directory; kept from one fit to the next, as Keras's is.
         self._best: float | None = None
         self._best_ready = False
         self._pending: dict[str, Any] | None = None
         self._taken: checkpoint.RestorePoint | None = None
+        self._watch: preemption.PreemptionWatch | None = None
+        self._last_path = ""
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._warned_missing = False
@@ -146,7 +167,25 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self._mode = self.mode if self.mode != "auto" or not self.monitor else None
         self._resolved = False
         self._epoch, self._since_save, self._last_batch = 0, 0, None
+        self._data = DataState(self.model, point)
+        self._data.prepare()
+        self._stopping: str | None = None  # the signal that stops training at the next epoch's start
         self._resolve(required=False)
+        if self._signums:
+            self._watch = preemption.PreemptionWatch(
+                self._signums, self.preemption_timeout, self._remove_own_partial,
+                f"the checkpoints in {self.directory} are as they were before the signal.")
+            self._watch.start()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._watch is not None:
+            # A signal noted after the last step ends the process as it would have without this callback.
+            self._watch.stop(redeliver=True)
+            self._watch = None
+
+    def _remove_own_partial(self) -> None:
+        if distributed.is_chief():
+            files.remove_partial(self.directory, pid=os.getpid())
 
     def _resolve(self, required: bool) -> None:
         """Settles the direction (compiled metrics may be built only by the first step) and the best so far."""
@@ -189,31 +228,81 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         return value < self._best if self._mode == "min" else value > self._best
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._stopping is not None:
+            self._stop(preemption.Preempted(self._stopping, self._last_path, self._epoch, self._steps()))
         self._epoch = epoch
+        data_position.expect(self.model)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if batch == 0:
+            self._data.epoch_begins(self._epoch, warn=distributed.is_chief())
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.save_freq == "epoch":
             self._save(epoch, None, logs or {})
 
-    def _save_on_batch(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        # Counted as Keras does, so that steps_per_execution > 1 (batch numbers that jump) saves as often.
-        new_epoch = self._last_batch is None or batch <= self._last_batch
-        self._since_save += batch + 1 if new_epoch else batch - cast(int, self._last_batch)
-        self._last_batch = batch
-        if self._since_save >= cast(int, self.save_freq):
-            self._since_save = 0
-            self._save(self._epoch, batch, logs or {})
+    def _on_batch(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        data_position.close_window()
+        saved = False
+        if self.save_freq != "epoch":
+            # Counted as Keras does, so that steps_per_execution > 1 (batch numbers that jump) saves as often.
+            new_epoch = self._last_batch is None or batch <= self._last_batch
+            self._since_save += batch + 1 if new_epoch else batch - cast(int, self._last_batch)
+            self._last_batch = batch
+            if self._since_save >= cast(int, self.save_freq):
+                self._since_save = 0
+                self._save(self._epoch, batch, logs or {})
+                saved = True
+        if self._watch is not None:
+            self._stop_if_preempted(batch, logs or {}, saved)
+
+    def _stop_if_preempted(self, batch: int, logs: dict[str, Any], saved: bool) -> None:
+        watch = cast(preemption.PreemptionWatch, self._watch)
+        if self._stopping is not None:
+            return
+        name = watch.agree()  # every rank, every step: one collective, so all stop after the same step
+        if name is None:
+            return
+        watch.reached_boundary()
+        if self._position(self._epoch, batch).batch == 0:
+            # The epoch's last batch: its end (validation, logs, the epoch's checkpoint and best file) comes
+            # first, as in a run that goes on; the next epoch's start stops.
+            self._stopping = name
+            return
+        path = self._last_path if saved else self._save(self._epoch, batch, logs, step_file=True)
+        self._stop(preemption.Preempted(name, path, self._epoch, self._data.offset() + batch + 1))
+
+    def _stop(self, stopped: preemption.Preempted) -> None:
+        if distributed.is_chief():
+            print_msg(f"\nkfast: {stopped}.")
+        self.model.stop_training = True
+        if self._watch is not None:
+            self._watch.stop(redeliver=False)
+            self._watch = None
+        raise stopped
+
+    def _steps(self) -> int:
+        return int((self.params or {}).get("steps") or 0)
 
     def _position(self, epoch: int, batch: int | None) -> Position:
-        steps = (self.params or {}).get("steps")
-        if batch is None or (steps and batch + 1 >= steps):
+        if batch is None:
+            return Position(epoch + 1)
+        trained = self._data.offset() + batch + 1
+        steps = self._steps()
+        if steps and trained >= steps:
             return Position(epoch + 1)  # all of the epoch's batches are trained
-        return Position(epoch, batch + 1)
+        return Position(epoch, trained)
 
-    def _save(self, epoch: int, batch: int | None, logs: dict[str, Any]) -> None:
+    def _save(self, epoch: int, batch: int | None, logs: dict[str, Any], step_file: bool = False) -> str:
         if not self._resolved:
             self._resolve(required=True)
-        name = self._names.format(epoch, batch, logs)  # on every rank: a bad template stops all ranks together
+        position = self._position(epoch, batch)
+        # Every rank: each one's data view and metric state (one collective; all ranks save at the same step).
+        data = self._data.gather(batch, finished=position.batch == 0)
+        # The file names count the epoch's batches, those trained before a resume included.
+        shown = None if batch is None else self._data.offset() + batch
+        names = self._step_names if step_file else self._names
+        name = names.format(epoch, shown, logs)  # on every rank: a bad template stops all ranks together
         value = logs.get(self.monitor) if self.monitor else None
         if self.monitor and value is None and not self._warned_missing:
             self._warned_missing = True
@@ -223,21 +312,20 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
                               f"hold {sorted(logs)}); {self._names.best} is not written. Pass validation data or "
                               "another monitor=.", stacklevel=3)
         previous = self._best
-        improved = value is not None and math.isfinite(value) and self._improved(value)
+        improved = not step_file and value is not None and math.isfinite(value) and self._improved(value)
         if improved and value is not None:  # improved implies a value; this says so to the type checker
             self._best = float(value)
+        path = self._last_path = os.path.join(self.directory, name)
         if not distributed.is_chief():
-            return
+            return path
         best = {"monitor": self.monitor, "mode": self._mode, "value": self._best} if self.monitor else None
-        path = os.path.join(self.directory, name)
-        position = self._position(epoch, batch)
-        checkpoint.save_atomic(self.model, path, position=position, best=best)
+        checkpoint.save_atomic(self.model, path, position=position, best=best, data=data)
         files.prune(self.directory, self.keep, name)
         if improved:
             checkpoint.save_atomic(self.model, os.path.join(self.directory, self._names.best), position=position,
-                                   best=best)
+                                   best=best, data=data)
         if self.verbose:
-            where = f"Epoch {epoch + 1}" + ("" if batch is None else f", batch {batch + 1}")
+            where = f"Epoch {epoch + 1}" + ("" if shown is None else f", batch {shown + 1}")
             if improved:
                 note = (f"; {self.monitor} improved from {_shown(previous)} to {_shown(value)}, saved as "
                         f"{self._names.best} too")
@@ -246,6 +334,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
             else:
                 note = ""
             print_msg(f"\n{where}: saved {path}{note}")
+        return path
 
 
 def _shown(value: float | None) -> str:

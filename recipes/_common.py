@@ -54,7 +54,13 @@ def add_common_arguments(parser, *, epochs, batch_size, lr):
                         help=f"single-process learning rate, scaled by the number of ranks (default {lr})")
     parser.add_argument("--warmup-epochs", type=float, default=1, help="learning-rate warm-up epochs (default 1)")
     parser.add_argument("--checkpoint-dir", default="checkpoints", help="where rank 0 writes checkpoints")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint (inside its epoch, for a step checkpoint)")
+    parser.add_argument("--save-freq", type=int, default=None, metavar="STEPS",
+                        help="also checkpoint every STEPS batches (default: at epoch ends only)")
+    parser.add_argument("--preemption-signal", action="append", default=None, metavar="SIG",
+                        help="a signal that stops training with a step checkpoint and exit status 75 (repeat for "
+                             "several; default SIGTERM; e.g. SIGUSR1 for Slurm's --signal=B:USR1@120)")
     parser.add_argument("--workers", type=int, default=None, help="loader workers (default: tuned)")
     parser.add_argument("--diagnose", metavar="PNG", help="diagnose the pipeline first and write the plot to PNG")
     parser.add_argument("--tensorboard", metavar="DIR",
@@ -68,8 +74,8 @@ def add_common_arguments(parser, *, epochs, batch_size, lr):
 
 
 def check_positive(parser, args):
-    for name in ("epochs", "batch_size", "commit_every"):
-        if getattr(args, name) < 1:
+    for name in ("epochs", "batch_size", "commit_every", "save_freq"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.lr <= 0:
         parser.error(f"--lr must be > 0, got {args.lr}")
@@ -163,7 +169,9 @@ def standard_callbacks(args, loader, monitor):
     from kfast.callbacks.gpu_monitor import GPUMonitor
     from kfast.callbacks.throughput_monitor import ThroughputMonitor
 
-    callbacks = distributed.default_callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor) + [
+    signals = tuple(args.preemption_signal or ("SIGTERM",))
+    callbacks = distributed.default_callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor,
+                                              save_freq=args.save_freq or "epoch", preemption_signals=signals) + [
         ThroughputMonitor(loader) if loader is not None else ThroughputMonitor(batch_size=args.batch_size), GPUMonitor()]
     log_dir = tensorboard_dir(args)
     if log_dir and distributed.is_chief():

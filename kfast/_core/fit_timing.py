@@ -154,15 +154,17 @@ def first_batch(data: Any) -> Any:
     raise ValueError(f"got {type(data).__name__} with no batches; pass the data you train on.")
 
 
-def _unbuilt(model: keras.Model) -> bool:
+def _unbuilt(model: keras.Model, metrics: bool = False) -> bool:
     # model.build() on a subclassed model marks the model built while its layers are not (see the NOTE above).
+    if metrics and getattr(model, "_compile_metrics", None) is not None and not model._compile_metrics.built:
+        return True
     return not model.built or not all(layer.built for layer in model._flatten_layers())
 
 
-def build_from_batch(model: keras.Model, batch: Any, caller: str = "kfast") -> None:
+def build_from_batch(model: keras.Model, batch: Any, caller: str = "kfast", metrics: bool = False) -> None:
     """Builds what `fit` builds from its first batch, when the model is not built yet: the layers' variables,
     the compiled loss and metrics, and the optimizer for those variables (see NOTE [ Building as fit does ]).
-    A built model is left alone.
+    A built model is left alone; with `metrics`, one whose compiled metrics are not built is not.
 
     Raises:
         ValueError: when the model cannot be built from `batch` (Keras's own error, as its cause).
@@ -175,7 +177,7 @@ def build_from_batch(model: keras.Model, batch: Any, caller: str = "kfast") -> N
     >>> [tuple(v.shape) for v in model.weights], model.optimizer.built
     ([(3, 1), (1,)], True)
     """
-    if not _unbuilt(model):
+    if not _unbuilt(model, metrics):
         return
     strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's, where its variables must be made
     with strategy.scope() if strategy is not None else contextlib.nullcontext():

@@ -9,6 +9,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
+from typing import cast
 
 import keras
 import numpy as np
@@ -21,10 +22,13 @@ from kfast.data._workers import interrupt
 from kfast.data._workers import pool
 from kfast.data._workers import signals
 from kfast.data._workers import threads
+from kfast.data import position
 from kfast.data import structure
 from kfast.data._keras_order import keras_shuffles
+from kfast.data._loader_order import LoaderOrder
 from kfast.data._workers.pool import WorkerError
 from kfast.data.settings import LoaderSettings
+from kfast.data.position import EpochOrder
 from kfast.data.sharding import ShardedDataset
 
 __all__ = ["FastLoader", "WorkerError"]
@@ -167,17 +171,24 @@ class FastLoader(keras.utils.PyDataset):
         check_number("FastLoader", "timeout", timeout, above=0, unit="seconds",
                      or_none="to wait (with a warning every minute)")
         workers = _capped_workers(workers)
-        if distributed.is_initialized() and distributed.size() > 1 and not isinstance(dataset, ShardedDataset):
-            dataset = ShardedDataset(dataset, distributed.rank(), distributed.size())
         self.dataset = dataset
-        self._n = _length(dataset)
-        if self._n < 1:
-            raise ValueError(f"FastLoader got a dataset of length {self._n}; it needs at least one batch.")
+        total = _length(dataset)
+        if total < 1:
+            raise ValueError(f"FastLoader got a dataset of length {total}; it needs at least one batch.")
         if shuffle is not None and not isinstance(shuffle, bool):
             raise ValueError(f"FastLoader got shuffle={shuffle!r}; pass True, False, or None to follow fit(shuffle=...).")
         self.shuffle = shuffle
-        self._shuffling = bool(shuffle)  # the order batches are dispatched in now (see kfast.data._keras_order)
-        self.seed = secrets.randbits(63) if seed is None else int(seed)
+        # Under Horovod each rank serves its own shard (see kfast.data.position for why not a ShardedDataset).
+        sharded = distributed.is_initialized() and distributed.size() > 1
+        self._order = LoaderOrder(dataset, total, distributed.rank() if sharded else 0,
+                                  distributed.size() if sharded else 1,
+                                  secrets.randbits(63) if seed is None else int(seed), seed is not None)
+        self._order.shuffling = bool(shuffle)
+        self._n = self._order.n
+        self._hold = False  # a position taken from a checkpoint, kept by the next epoch's start
+        self._epoch_start = 0  # where the current (or last) epoch of the loader began
+        self._epoch_len = self._n
+        self._quiet: Any = None  # the warnings filter of a resumed epoch
         self.timeout = timeout
         self._interrupt_mark = time.monotonic()
         self._interrupted = False
@@ -189,7 +200,6 @@ class FastLoader(keras.utils.PyDataset):
         self._pool: Any = None
         self._signature: Any = None
         self._lookups = 0  # one-off tasks for __getitem__ outside an epoch; their seq numbers are negative
-        self._orders: dict[int, np.ndarray] = {}
         self._armed = False
         self._first: tuple[int, Any, int] | None = None  # (position, batch, samples) of an epoch's first batch, until its second is taken
         self._replay: tuple[int, Any, int] | None = None
@@ -229,21 +239,51 @@ class FastLoader(keras.utils.PyDataset):
 
     # -- order ----------------------------------------------------------------------------------------
 
-    def _index(self, epoch: int, position: int) -> int:
-        if not self._shuffling:
-            return position
-        if epoch not in self._orders:
-            if len(self._orders) > 2:
-                self._orders.pop(min(self._orders))
-            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self._n)
-        return int(self._orders[epoch][position])
+    @property
+    def seed(self) -> int:
+        """The seed of the batch order and of the workers' random generators."""
+        return self._order.seed
+
+    def _index(self, epoch: int, at: int) -> int:
+        return self._order.index(epoch, at)
 
     def _set_order(self, shuffled: bool) -> None:
         """Orders the epoch about to start; batches already loaded ahead for it in the other order are dropped."""
-        if shuffled != self._shuffling:
-            self._shuffling = shuffled
+        if shuffled != self._order.shuffling:
+            self._order.shuffling = shuffled
             if self._dispatched > self._consumed:
                 self.close()
+
+    def _take_offer(self) -> None:
+        """Goes on from the position a checkpoint recorded, when `restore()` offered this loader one."""
+        with self._lock:
+            at = self._order.take_offer()
+            if at is None:
+                return
+            self.close()  # anything loaded ahead belongs to the order before
+            position.took(self)
+            self._dispatched = self._consumed = at
+            epoch = at // self._n
+            self._dataset_epoch = epoch
+            if not self._processes and hasattr(self.dataset, "set_epoch"):
+                self.dataset.set_epoch(epoch)  # process workers set it from each task's epoch
+            self._hold, self._first, self._replay = True, None, None
+            self._epoch_start, self._epoch_len = at, self._n - at % self._n
+            if at % self._n and self._quiet is None:
+                # Keras warns "Your input ran out of data" when an epoch has fewer batches than the first
+                # said; a resumed epoch has, by design. Only that one message, and only until it ends.
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                self._quiet = warnings.filters[0]
+
+    def epoch_order(self, trained: int, finished: bool = False) -> EpochOrder:
+        """This rank's order of the epoch under way, `trained` batches into it (what a checkpoint records);
+        with `finished`, the order the next epoch starts with."""
+        return self._order.view(self._epoch_start // self._n, trained, finished)
+
+    @property
+    def epoch_offset(self) -> int:
+        """Batches of the loader's current epoch trained before it began here (after a resume; else 0)."""
+        return self._epoch_start % self._n
 
     # -- the stream of batches ------------------------------------------------------------------------
 
@@ -338,13 +378,14 @@ class FastLoader(keras.utils.PyDataset):
         leaves = flat[1]
         samples = structure.samples(leaves)
         self.samples_served += samples
-        self._first = (seq, batch, samples) if self._armed and seq % self._n == 0 else None
+        self._first = (seq, batch, samples) if self._armed and seq == self._epoch_start else None
         return batch
 
     # -- PyDataset / iteration ------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._n
+        # Inside an epoch resumed from a checkpoint, Keras reads the length to know how many batches remain.
+        return self._epoch_len if self._armed else self._n
 
     def __getitem__(self, index: int) -> Any:
         if not -self._n <= index < self._n:
@@ -357,12 +398,15 @@ class FastLoader(keras.utils.PyDataset):
             return self._next()
         # Outside an epoch (Keras probing the first batches, or a user's direct look-up): the batch at
         # that position of the current epoch, loaded by a worker as every batch is (a one-off task).
+        self._take_offer()
         with self._lock, self._failures_close():
             if self._pool is None:
                 self._start()
             self._lookups += 1
-            epoch = self._consumed // self._n
-            self._pool.submit(-self._lookups, self._index(epoch, index % self._n), epoch)
+            epoch, at = divmod(self._consumed, self._n)
+            # A resumed epoch's first batches are its remaining ones: Keras's look must not load trained ones.
+            at = min(at + index % self._n, self._n - 1) if self._hold else index % self._n
+            self._pool.submit(-self._lookups, self._index(epoch, at), epoch)
             return self._pool.result(-self._lookups, self._interrupt_mark)
 
     @contextlib.contextmanager
@@ -381,18 +425,27 @@ class FastLoader(keras.utils.PyDataset):
     def on_epoch_begin(self) -> None:
         self._interrupt_mark = time.monotonic()  # a Ctrl-C caught before this epoch is not ours to act on
         self._interrupted = False
+        self._take_offer()
+        shuffles = keras_shuffles(self)
+        if shuffles is not None:
+            position.claim(self)
         first, self._first = self._first, None
-        if first is not None and first[0] == self._consumed - 1 and self._consumed % self._n == 1:
+        if first is not None and first[0] == self._consumed - 1 == self._epoch_start and self._epoch_len > 1:
             # The last epoch ended right after its first batch, as Keras's JAX and PyTorch trainers do to
             # build the model from one batch: this epoch starts with that batch again instead of skipping
             # the rest of its epoch (the dataset's on_epoch_begin already ran for it).
             self._replay, self._armed = first, True
             return
-        if self._consumed % self._n:
-            # Something consumed part of an epoch outside Keras's loop (diagnose, a partial iteration):
-            # Keras's epoch starts a whole one, so no batch is repeated or missing in it.
-            self.skip_to_next_epoch()
-        self._set_order(self.shuffle if self.shuffle is not None else bool(keras_shuffles(self)))
+        if self._hold:
+            self._hold = False  # the epoch goes on where the checkpoint left it, in its recorded order
+        else:
+            if self._consumed % self._n:
+                # Something consumed part of an epoch outside Keras's loop (diagnose, a partial iteration):
+                # Keras's epoch starts a whole one, so no batch is repeated or missing in it.
+                self.skip_to_next_epoch()
+            self._set_order(self.shuffle if self.shuffle is not None else bool(shuffles))
+            self._epoch_len = self._n
+        self._epoch_start = self._consumed
         if _overrides(self.dataset, "on_epoch_begin"):
             self.dataset.on_epoch_begin()
             if self._pool is not None and self._processes:
@@ -402,11 +455,17 @@ class FastLoader(keras.utils.PyDataset):
     def on_epoch_end(self) -> None:
         self._armed = False
         self._replay = None
+        if self._quiet is not None and self._consumed >= self._epoch_start + self._epoch_len:
+            with contextlib.suppress(ValueError):
+                cast(list, warnings.filters).remove(self._quiet)
+            self._quiet = None
 
     def __iter__(self) -> Iterator[Any]:
         """Yields one epoch of batches in the loader's order (the rest of it, if one was under way)."""
-        if self._consumed % self._n == 0:
+        self._take_offer()
+        if self._consumed % self._n == 0 and not self._hold:
             self._set_order(bool(self.shuffle))
+        self._hold = False
         for _ in range(self._n - self._consumed % self._n):
             yield self._next()
 

@@ -2,7 +2,7 @@
 
 `kfast.distributed._horovod` holds Horovod and the collectives (the only module that imports Horovod);
 `optimizer` averages gradients across ranks (`DistributedOptimizer`); `checkpoint` saves and restores
-training state; `defaults` assembles the standard callbacks; `elastic`
+training state; `preemption` stops every rank at the same step on a signal; `defaults` assembles the standard callbacks; `elastic`
 and `elastic_loop` keep a job training while ranks leave and join.
 """
 
@@ -26,9 +26,11 @@ from kfast.distributed.defaults import callbacks
 from kfast.distributed.defaults import default_callbacks
 from kfast.distributed.elastic_loop import elastic_fit
 from kfast.distributed.optimizer import DistributedOptimizer
+from kfast.distributed.preemption import RESUMABLE_EXIT
+from kfast.distributed.preemption import Preempted
 from kfast.distributed.steps import UnequalStepsError
 
-__all__ = ["DistributedOptimizer", "UnequalStepsError", "allgather_object", "allreduce_average", "allreduce_mean_values",
+__all__ = ["RESUMABLE_EXIT", "DistributedOptimizer", "Preempted", "UnequalStepsError", "allgather_object", "allreduce_average", "allreduce_mean_values",
            "allreduce_sum_values", "broadcast_object", "broadcast_variables", "callbacks", "default_callbacks",
            "elastic_fit", "horovodrun_path", "init", "is_chief", "is_initialized", "local_rank", "local_size", "rank",
            "restore", "size", "verbose"]

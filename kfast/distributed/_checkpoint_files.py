@@ -9,11 +9,15 @@ and the state is a few hundred bytes. Keras reads neither addition, so both file
 The state is one JSON object:
 
     {"version": 2, "position": {"epoch": 3, "batch": 0},
-     "best": {"monitor": "val_loss", "mode": "min", "value": 0.31}, ...the model's training state...}
+     "best": {"monitor": "val_loss", "mode": "min", "value": 0.31},
+     "data": {"order": {...}, "metrics": [[...], ...]}, ...the model's training state...}
 
 `position` is how far training had gone when the file was written: epochs finished, and batches of the
 next epoch trained (0 at an epoch's end). `best` is the best value so far of the RankZeroCheckpoint that
-wrote the file, for that file's directory. Every other key is `checkpoint.training_state(model)`.
+wrote the file, for that file's directory. `data` (when training read a FastLoader) is where the data
+stood: the epoch's batch order and how much of it was trained (`kfast.data.position.EpochOrder`), and
+inside an epoch each rank's metric state (the values of `model.metrics_variables`), so that the epoch's
+logs come out as if it had not stopped. Every other key is `checkpoint.training_state(model)`.
 Version 1 had no `position` (it comes from the `epoch-NNNN.keras` name) and kept `best` in the model's
 training state; version 0 is version 1 without the `version` key. Both are still read. A newer version
 is refused, naming the file, rather than read wrong.
@@ -42,7 +46,7 @@ _BUILD_ATTR = "kfast-build-config"
 # The layout of a checkpoint's kfast state that this kfast writes; bump it when a key changes meaning.
 STATE_VERSION = 2
 # Keys of the state that belong to the file, not to the model's training state.
-RESERVED = ("version", "position", "best")
+RESERVED = ("version", "position", "best", "data")
 BEST_NAMES = ("best" + MODEL_SUFFIX, "best" + WEIGHTS_SUFFIX)
 # Prefix of a checkpoint being written; a file with it is left only by a process killed mid-save.
 _PARTIAL = ".tmp-"
@@ -74,12 +78,16 @@ def list_epochs(directory: str | os.PathLike[str]) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def remove_partial(directory: str | os.PathLike[str]) -> list[str]:
+def remove_partial(directory: str | os.PathLike[str], pid: int | None = None) -> list[str]:
     """Deletes what saves killed halfway left in `directory` (one job writes a checkpoint directory at a
-    time, so no live save owns such a file when training begins). Returns the names removed."""
+    time, so no live save owns such a file when training begins), or only process `pid`'s. Returns the
+    names removed."""
     removed: list[str] = []
+    prefix = _PARTIAL if pid is None else f"{_PARTIAL}{pid}-"
+    if not os.path.isdir(directory):
+        return removed
     for name in sorted(os.listdir(directory)):
-        if name.startswith(_PARTIAL):
+        if name.startswith(prefix):
             try:
                 os.remove(os.path.join(directory, name))
                 removed.append(name)

@@ -21,6 +21,8 @@ import weakref
 from typing import TYPE_CHECKING
 from typing import Any
 
+from kfast.data import position as data_position
+from kfast.data.position import EpochOrder
 from kfast.distributed import _checkpoint_files as files
 from kfast.distributed import _horovod as distributed
 from kfast.distributed._checkpoint_files import STATE_VERSION  # noqa: F401 - part of this module's API
@@ -49,6 +51,8 @@ class RestorePoint:
         epoch: epochs finished when it was saved (what `restore()` returned).
         batch: batches of the next epoch trained as well; 0 for a save at an epoch's end.
         best: the directory's best so far, `{"monitor", "mode", "value"}`, or None.
+        metrics: this rank's metric state inside the epoch (values of `model.metrics_variables`), when the
+            checkpoint has it for this number of ranks; else None.
     """
 
     directory: str
@@ -56,6 +60,7 @@ class RestorePoint:
     epoch: int
     batch: int
     best: dict[str, Any] | None
+    metrics: list[Any] | None = None
 
 
 _RESTORED: weakref.WeakKeyDictionary[keras.Model, RestorePoint] = weakref.WeakKeyDictionary()
@@ -90,12 +95,12 @@ def restore_point(model: keras.Model) -> RestorePoint | None:
 
 
 def save_atomic(model: keras.Model, path: str | os.PathLike[str], *, position: Position | None = None,
-                best: dict[str, Any] | None = None) -> None:
+                best: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> None:
     """Saves `model` to `path` through a temporary file and a rename, so a crash never leaves half a file.
 
     A `.weights.h5` path gets the weights (with the optimizer's state), any other the whole model. The
     model's `training_state` goes in too, with `position` (how far training had gone) and `best` (the
-    writing callback's best so far) when given. A model compiled with `kfast.DistributedOptimizer` is saved
+    writing callback's best so far) and `data` (where the data stood) when given. A model compiled with `kfast.DistributedOptimizer` is saved
     with the wrapped optimizer in its place, so the file loads with plain `keras.saving.load_model` where
     kfast and Horovod are not installed.
     """
@@ -104,16 +109,18 @@ def save_atomic(model: keras.Model, path: str | os.PathLike[str], *, position: P
         state["position"] = {"epoch": position.epoch, "batch": position.batch}
     if best is not None:
         state["best"] = best
+    if data is not None:
+        state["data"] = data
     files.write(model, path, state)
 
 
-# What rank 0 read: (position, build_config, training state, best, path).
-_Found = tuple[Position, dict[str, Any] | None, dict[str, Any], dict[str, Any] | None, str]
+# What rank 0 read: (position, build_config, training state, best, path, data).
+_Found = tuple[Position, dict[str, Any] | None, dict[str, Any], dict[str, Any] | None, str, dict[str, Any] | None]
 
 
 def _load_latest(model: keras.Model, checkpoint_dir: str) -> _Found | None:
     """On rank 0: loads the newest readable checkpoint. Returns (position, build_config, training state,
-    best, path), or None when there is none."""
+    best, path, data), or None when there is none."""
     found, errors = files.find(checkpoint_dir)
     for e in errors:
         warnings.warn(f"kfast skipped {e}; its place among the checkpoints is unknown.", stacklevel=3)
@@ -130,7 +137,8 @@ def _load_latest(model: keras.Model, checkpoint_dir: str) -> _Found | None:
         _build(model, build_config, path)
         model.load_weights(path)
         # The best file describes the best model itself: after a fallback it may be newer than `path`.
-        return position or Position(0), build_config, training, files.best_record(checkpoint_dir) or best, path
+        data = state.get("data") if isinstance(state.get("data"), dict) else None
+        return position or Position(0), build_config, training, files.best_record(checkpoint_dir) or best, path, data
     if found:
         raise ValueError(
             f"No checkpoint in {checkpoint_dir} can be read (tried epochs {sorted(p.epoch for p, _ in found)}, in "
@@ -162,10 +170,15 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
     so far goes to the `RankZeroCheckpoint` writing that same directory (none other). A model without an
     `Input` layer is built from the shapes the checkpoint records.
 
-    A checkpoint saved mid-epoch (`save_freq=N`) records its epoch and batch. Resuming inside an epoch is
-    not supported yet: `restore()` loads that state, returns the epoch in progress, so that `fit` runs it
-    again from its first batch, and warns so. The epoch and batch are in
-    `kfast.distributed.checkpoint.restore_point(model)`.
+    Where the data stood goes on too, when training read a `kfast.data.FastLoader`: the next `fit` (with
+    `initial_epoch` set to what this returns) continues the epoch in progress with only its remaining
+    batches, in the order the uninterrupted run would have used, on the same number of ranks or another
+    (the rest of the epoch is dealt over the new ranks), then goes on with the next epochs in their
+    recorded order; the learning-rate warm-up, the epoch's logs and `best.keras` go on as if training had
+    not stopped. The first FastLoader over a dataset of the recorded length takes that position, at its
+    first use. Other data (arrays, `tf.data`, a plain `PyDataset`) cannot say where it was: `fit` then
+    runs the epoch in progress again from its first batch, with a warning. The epoch and batch are in
+    `kfast.distributed.checkpoint.restore_point(model)`; see the "Preemption and resume" guide.
 
     Args:
         model: the compiled model to restore into.
@@ -215,15 +228,29 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
         raise ValueError(f"Rank 0 could not restore from {directory}: {message}")
     training_state(model).clear()
     _RESTORED.pop(model, None)
+    data_position.offer(None)
     if found is None:
         return 0
-    position, build_config, state, best, path = found
+    position, build_config, state, best, path, data = found
     _build(model, build_config, directory)
     distributed.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
     training_state(model).update(state)
-    _RESTORED[model] = RestorePoint(os.path.realpath(directory), path, position.epoch, position.batch, best)
-    if position.batch and distributed.is_chief():
-        warnings.warn(f"kfast restored {path}, saved {position.batch} batch(es) into epoch {position.epoch + 1}; "
-                      f"resuming inside an epoch is not supported yet, so fit(initial_epoch={position.epoch}) runs "
-                      f"epoch {position.epoch + 1} again from its first batch.", stacklevel=2)
+    position, metrics = _offer_data(position, data)
+    _RESTORED[model] = RestorePoint(os.path.realpath(directory), path, position.epoch, position.batch, best, metrics)
     return position.epoch
+
+
+def _offer_data(position: Position, data: dict[str, Any] | None) -> tuple[Position, list[Any] | None]:
+    """Offers the recorded data position to the next FastLoader; returns the position to resume at and this
+    rank's metric state (None when there is none for this number of ranks)."""
+    order = EpochOrder.from_dict((data or {}).get("order"))
+    if order is None:
+        return position, None
+    if position.batch and not order.remaining(0, distributed.size()):
+        # Fewer batches left than ranks now: the epoch is over for them, and the next begins.
+        order, position = dataclasses.replace(order, epoch=order.epoch + 1, done=0), Position(position.epoch + 1)
+    data_position.offer(order)
+    metrics = (data or {}).get("metrics")
+    mine = metrics[distributed.rank()] if (position.batch and isinstance(metrics, list)
+                                           and len(metrics) == distributed.size()) else None
+    return position, mine

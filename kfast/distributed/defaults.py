@@ -12,7 +12,9 @@ if TYPE_CHECKING:
 
 
 def default_callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, *, warmup_epochs: int = 5,
-                      monitor: str = "val_loss", keep: int = 3, verbose: int = 0) -> list[keras.callbacks.Callback]:
+                      monitor: str = "val_loss", keep: int = 3, verbose: int = 0, save_freq: str | int = "epoch",
+                      preemption_signals: tuple[str | int, ...] | None = ("SIGTERM",)
+                      ) -> list[keras.callbacks.Callback]:
     """Returns kfast's standard distributed callbacks, in the order they must run.
 
     BroadcastState (same start on every rank), LearningRateWarmup (linear scaling rule), MetricAverage
@@ -26,6 +28,11 @@ def default_callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, *, w
         monitor: the value that picks `best.keras`. Defaults to `"val_loss"`.
         keep: epoch checkpoints kept. Defaults to `3`.
         verbose: 1 prints learning rates and saves on rank 0. Defaults to `0`.
+        save_freq: `"epoch"`, or an int N to checkpoint every N batches as well (see `RankZeroCheckpoint`).
+            Defaults to `"epoch"`.
+        preemption_signals: the signals that stop every rank at the same step, write a step checkpoint and
+            exit with status 75 (see `RankZeroCheckpoint`); `None` leaves them alone. Defaults to
+            `("SIGTERM",)`.
 
     Returns:
         A list of Keras callbacks for `model.fit(..., callbacks=...)`.
@@ -41,7 +48,8 @@ def default_callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, *, w
     out: list[keras.callbacks.Callback] = [
         BroadcastState(), LearningRateWarmup(warmup_epochs=warmup_epochs, verbose=verbose), MetricAverage()]
     if checkpoint_dir:
-        out.append(RankZeroCheckpoint(checkpoint_dir, monitor=monitor, keep=keep, verbose=verbose))
+        out.append(RankZeroCheckpoint(checkpoint_dir, monitor=monitor, keep=keep, verbose=verbose, save_freq=save_freq,
+                                      preemption_signals=preemption_signals))
     return out
 
 

@@ -272,19 +272,25 @@ def test_save_freq_saves_every_n_batches_and_restore_says_where_in_the_epoch(tmp
     assert kfast.distributed.restore(_model(), str(tmp_path)) == 2
     os.remove(tmp_path / "epoch-0002-batch-0006.keras")
     resumed = _model()
-    with pytest.warns(UserWarning, match=r"saved 2 batch\(es\) into epoch 2; resuming inside an epoch is not "
-                                         r"supported yet, so fit\(initial_epoch=1\) runs epoch 2 again"):
-        assert kfast.distributed.restore(resumed, str(tmp_path)) == 1
+    assert kfast.distributed.restore(resumed, str(tmp_path)) == 1
     point = checkpoint.restore_point(resumed)
     assert (point.epoch, point.batch) == (1, 2)
+    # Arrays cannot say where they were: the epoch runs again from its first batch, and fit says so.
+    again = kfast.callbacks.RankZeroCheckpoint(str(tmp_path / "again"), monitor="loss")
+    with pytest.warns(UserWarning, match=r"saved 2 batch\(es\) into epoch 2, but this fit's training data is not the "
+                                         r"kfast.data.FastLoader .* epoch 2 runs again from its first batch"):
+        resumed.fit(x[:, :1], y, batch_size=4, epochs=2, initial_epoch=1, verbose=0, callbacks=[again])
 
 
 def test_epoch_saves_leave_keras_its_asynchronous_batch_hooks(tmp_path):
     # Keras dispatches batch hooks asynchronously unless a callback overrides one.
     assert type(kfast.callbacks.RankZeroCheckpoint(str(tmp_path))).on_train_batch_end is (
         keras.callbacks.Callback.on_train_batch_end)
-    assert "on_train_batch_end" not in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path)))
-    assert "on_train_batch_end" in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path), save_freq=2))
+    assert "on_train_batch_end" not in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path), preemption_signals=None))
+    assert "on_train_batch_end" in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path), save_freq=2,
+                                                                            preemption_signals=None))
+    # Preemption needs a look at every step's end (SIGTERM by default).
+    assert "on_train_batch_end" in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path)))
 
 
 # --- clear errors for bad paths and arguments -------------------------------------------------------------

@@ -30,6 +30,19 @@ _terminating: tuple[int, float] | None = None  # (signal, monotonic time) of the
 _TERMINATING = {getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)}
 _lock = threading.Lock()
 _installed = False
+_listeners: list = []  # called from the watcher thread with each signal's number, as it arrives
+
+
+def listen(listener):
+    """Has `listener(signum)` called, from the watcher thread, for each signal as soon as it arrives (even
+    while the main thread is stuck in the framework); `install()` must have run in the main thread."""
+    _listeners.append(listener)
+
+
+def unlisten(listener):
+    """Stops calling `listener`."""
+    if listener in _listeners:
+        _listeners.remove(listener)
 
 
 def _forget_in_child():
@@ -38,6 +51,7 @@ def _forget_in_child():
     # parent's own. The child writes its signals nowhere instead, and starts unwatched.
     global _installed, _last, _terminating
     _installed, _last, _terminating = False, 0.0, None
+    _listeners.clear()
     try:
         signal.set_wakeup_fd(-1)
     except ValueError:
@@ -80,6 +94,12 @@ def _watch(reader, writer, previous):
         arrived = [s for s in data if s in _TERMINATING]
         if arrived and _terminating is None:
             _terminating = (arrived[0], time.monotonic())
+        for listener in list(_listeners):
+            for signum in data:
+                try:
+                    listener(signum)
+                except Exception:  # noqa: BLE001 - a listener's failure must not stop the watch
+                    pass
         if previous != -1:
             try:
                 os.write(previous, data)

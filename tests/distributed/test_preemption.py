@@ -1,0 +1,143 @@
+"""Preemption and exact resume (issue 27): SIGTERM at seeded steps stops every rank after the same step with
+a step checkpoint and exit status 75; the resumed job trains exactly the batches the uninterrupted one would
+have, in its order, at its learning rates, to bit-identical weights; a stuck step ends within the bound."""
+
+import glob
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from helpers import REPO
+
+SCRIPT = os.path.join(REPO, "tests", "distributed", "preempt_script.py")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+STEPS = 10  # batches per epoch of the script's dataset, on one rank; 3 epochs, warm-up over the first 2
+# Where SIGTERM comes: the first step, the last of an epoch, the first of the next, and seeded ones (warm-up, after).
+_rng = random.Random(27)
+POINTS = [0, STEPS - 1, STEPS, _rng.randrange(STEPS + 1, 2 * STEPS - 1), _rng.randrange(2 * STEPS + 1, 3 * STEPS - 1)]
+
+
+def _run(directory, *args, timeout=180):
+    os.makedirs(directory, exist_ok=True)
+    return subprocess.run([sys.executable, SCRIPT, str(directory), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=ENV, cwd=REPO)
+
+
+def _log(directory, rank=0):
+    with open(os.path.join(directory, f"log-{rank}.txt")) as f:
+        return f.read().splitlines()
+
+
+def _weights(directory, rank=0):
+    return np.load(os.path.join(directory, f"weights-{rank}.npy"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    proc = _run(directory, "--seed", 7)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return directory
+
+
+def test_the_uninterrupted_log_is_what_the_comparisons_rely_on(uninterrupted):
+    log = _log(uninterrupted)
+    steps = [line.split() for line in log if not line.startswith("end")]
+    assert len(steps) == 3 * STEPS and [line.split()[1] for line in log if line.startswith("end")] == ["0", "1", "2"]
+    for epoch in range(3):  # each epoch every batch once, in a new order
+        assert sorted(int(s[1]) for s in steps if s[0] == str(epoch)) == list(range(STEPS))
+    orders = {tuple(s[1] for s in steps if s[0] == str(e)) for e in range(3)}
+    assert len(orders) == 3
+    rates = [float(s[2]) for s in steps]
+    assert rates[0] < rates[STEPS] < rates[2 * STEPS - 1] == rates[-1]  # warm-up per batch, then flat
+
+
+@pytest.mark.parametrize("at", POINTS)
+def test_sigterm_at_a_step_then_resume_trains_as_if_never_stopped(uninterrupted, tmp_path, at):
+    first = _run(tmp_path, "--seed", 7, "--signal-at", at)
+    assert first.returncode == 75, first.stderr[-3000:]
+    assert "stopped by SIGTERM" in first.stdout + first.stderr
+    assert not glob.glob(str(tmp_path / "checkpoints" / ".tmp-*"))
+    trained = [line for line in _log(tmp_path) if not line.startswith("end")]
+    assert len(trained) == at + 1  # stopped right after the step the signal came in
+    # The resumed job is given no seed: the order must come from the checkpoint, not from this run.
+    second = _run(tmp_path, "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert _log(tmp_path) == _log(uninterrupted)  # (epoch, batch, learning rate) per step, and epoch losses
+    assert np.array_equal(_weights(tmp_path), _weights(uninterrupted))
+
+
+def test_a_step_checkpoint_is_written_inside_the_epoch_and_names_its_batch(tmp_path):
+    first = _run(tmp_path, "--seed", 7, "--signal-at", 13)
+    assert first.returncode == 75, first.stderr[-3000:]
+    names = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert "epoch-0002-batch-0004.keras" in names, names
+    assert "after batch 4 of epoch 2" in first.stdout
+
+
+def test_with_worker_processes_the_preempted_job_leaves_no_process_segment_or_temp_dir(uninterrupted, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, SCRIPT, str(tmp_path), "--seed", "7", "--signal-at", "14", "--processes"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "TMPDIR": str(tmp)},
+                            cwd=REPO)
+    descendants = set()
+    try:
+        while proc.poll() is None:
+            try:
+                descendants.update(psutil.Process(proc.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err[-3000:]
+    _, alive = psutil.wait_procs(list(descendants), timeout=10)
+    assert not alive, alive
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"kfast_{proc.pid}_")]
+    assert not glob.glob(str(tmp / "pymp-*"))
+    second = _run(tmp_path, "--resume", "--processes")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert _log(tmp_path) == _log(uninterrupted)
+    assert np.array_equal(_weights(tmp_path), _weights(uninterrupted))
+
+
+def test_sigterm_during_a_stuck_batch_ends_within_the_bound_without_a_checkpoint(tmp_path):
+    marker, tmp = tmp_path / "stuck", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, SCRIPT, str(tmp_path), "--seed", "7", "--processes", "--stuck-at", "3",
+                             "--marker", str(marker), "--timeout", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "TMPDIR": str(tmp)},
+                            cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        before = sorted(os.listdir(tmp_path / "checkpoints")) if (tmp_path / "checkpoints").exists() else []
+        time.sleep(0.5)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert 2.5 < took < 10, (took, err[-2000:])
+    assert "could not finish the current training step within 3 s" in err, err[-2000:]
+    _, alive = psutil.wait_procs(descendants, timeout=10)
+    assert not alive, alive
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"kfast_{proc.pid}_")]
+    assert not glob.glob(str(tmp / "pymp-*"))
+    after = sorted(os.listdir(tmp_path / "checkpoints")) if (tmp_path / "checkpoints").exists() else []
+    assert after == before and not [n for n in after if n.startswith(".tmp-")]
