@@ -279,7 +279,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         if self._watch is not None:
             self._watch.stop(redeliver=False)
             self._watch = None
-        raise stopped
+        preemption.leave(stopped)
 
     def _steps(self) -> int:
         return int((self.params or {}).get("steps") or 0)

@@ -36,8 +36,9 @@ RESUMABLE_EXIT = 75
 class Preempted(SystemExit):
     """Training stopped for a preemption signal and its step checkpoint is written: resume with `restore()`.
 
-    A `SystemExit` with status 75 (`kfast.distributed.preemption.RESUMABLE_EXIT`): left uncaught, the
-    script ends with that status on every rank.
+    A `SystemExit` with status 75 (`kfast.distributed.RESUMABLE_EXIT`): in a single process, left uncaught,
+    the script ends with that status (a notebook shows it and goes on). Under Horovod every rank instead
+    ends at once with status 75 as soon as rank 0's checkpoint is written (see `leave`).
 
     Attributes:
         signal_name: the signal that stopped it ("SIGTERM"), or "a signal on another rank".
@@ -79,6 +80,24 @@ def signal_numbers(owner: str, names: Sequence[str | int] | None) -> tuple[int, 
                              "keeps its own meaning (it interrupts at once); pass SIGTERM or SIGUSR1.")
         out.append(int(number))
     return tuple(dict.fromkeys(out))
+
+
+def leave(stopped: Preempted) -> None:
+    """Ends training for `stopped`, its checkpoint written: alone, by raising it; under Horovod, once every
+    rank knows rank 0's checkpoint is whole, by ending the process at once with status 75.
+
+    Why at once: horovodrun stops the other ranks with SIGTERM when one exits, so ranks that each took
+    seconds to unwind (TensorFlow's shutdown) would be reported as killed, or cut rank 0's file short.
+    """
+    if distributed.size() == 1:
+        raise stopped
+    distributed.broadcast_object(None, root_rank=0)  # rank 0 wrote its checkpoint before it got here
+    loader_signals.clean_up()
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)  # horovodrun's SIGTERM for a peer's exit must not change the status
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(RESUMABLE_EXIT)
 
 
 @dataclasses.dataclass

@@ -141,3 +141,68 @@ def test_sigterm_during_a_stuck_batch_ends_within_the_bound_without_a_checkpoint
     assert not glob.glob(str(tmp / "pymp-*"))
     after = sorted(os.listdir(tmp_path / "checkpoints")) if (tmp_path / "checkpoints").exists() else []
     assert after == before and not [n for n in after if n.startswith(".tmp-")]
+
+
+# -- two ranks under horovodrun -------------------------------------------------------------------------
+
+TWO_STEPS = STEPS // 2  # each rank's shard of the 10 batches
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_two(tmp_path_factory):
+    from helpers import _horovodrun
+
+    directory = tmp_path_factory.mktemp("uninterrupted_two")
+    _horovod(_horovodrun(), directory, "--seed", 7)
+    return directory
+
+
+def _horovod(horovodrun, directory, *args, expect=0, np=2):
+    cmd = [horovodrun, "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, SCRIPT, str(directory),
+           *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=ENV, cwd=REPO, start_new_session=True)
+    output = proc.stdout + proc.stderr
+    if expect == 0:
+        assert proc.returncode == 0, output[-4000:]
+    else:
+        # horovodrun reports each rank's status; every rank must have stopped with the resumable one.
+        assert proc.returncode != 0, output[-4000:]
+        for rank in range(np):
+            assert f"Process {rank} exit with status code {expect}" in output, output[-4000:]
+    return output
+
+
+def _steps(directory, rank):
+    return [tuple(line.split()[:2]) for line in _log(directory, rank) if not line.startswith("end")]
+
+
+@pytest.mark.parametrize("at", [3, TWO_STEPS + 2])
+def test_two_ranks_stop_after_the_same_step_when_one_gets_the_signal_and_resume_identically(
+        uninterrupted_two, tmp_path, at):
+    from helpers import _horovodrun
+
+    _horovod(_horovodrun(), tmp_path, "--seed", 7, "--signal-at", at, "--signal-rank", 1, expect=75)
+    # Rank 1 alone was signalled; rank 0 stopped after the very same step.
+    assert len(_steps(tmp_path, 0)) == len(_steps(tmp_path, 1)) == at + 1
+    _horovod(_horovodrun(), tmp_path, "--resume")
+    for rank in (0, 1):
+        assert _log(tmp_path, rank) == _log(uninterrupted_two, rank), rank
+        assert np.array_equal(_weights(tmp_path, rank), _weights(uninterrupted_two, rank))
+    assert np.array_equal(_weights(tmp_path, 0), _weights(tmp_path, 1))
+
+
+def test_a_two_rank_checkpoint_resumed_on_one_rank_trains_each_remaining_batch_of_the_epoch_once(tmp_path):
+    from helpers import _horovodrun
+
+    at = TWO_STEPS + 1  # epoch 2, after two of its five steps per rank
+    _horovod(_horovodrun(), tmp_path, "--seed", 7, "--signal-at", at, expect=75)
+    before = {rank: _steps(tmp_path, rank) for rank in (0, 1)}
+    for rank in (0, 1):
+        os.rename(tmp_path / f"log-{rank}.txt", tmp_path / f"before-{rank}.txt")
+    alone = _run(tmp_path, "--resume")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    after = _steps(tmp_path, 0)
+    epoch_1 = [i for e, i in before[0] + before[1] + after if e == "1"]
+    assert sorted(epoch_1) == sorted(str(i) for i in range(STEPS)), epoch_1  # every batch once, none twice
+    assert len([1 for e, _ in after if e == "1"]) == STEPS - 2 * (at - TWO_STEPS + 1)
+    assert sorted(i for e, i in after if e == "2") == sorted(str(i) for i in range(STEPS))
