@@ -113,6 +113,8 @@ callbacks = [Record(), kfast.callbacks.BroadcastState(),
                                                 preemption_timeout=args.timeout)]
 with kfast.data.FastLoader(Indexed(args.stuck_at, args.marker), workers=2, use_multiprocessing=args.processes,
                            seed=args.seed) as loader:
+    # The monitor reads the loader's counters: a resumed, shorter epoch must not trouble it.
+    callbacks.append(kfast.callbacks.ThroughputMonitor(loader))
     model.fit(loader, epochs=EPOCHS, initial_epoch=initial_epoch, verbose=0, callbacks=callbacks)
 np.save(os.path.join(args.dir, f"weights-{rank}.npy"), np.concatenate([w.ravel() for w in model.get_weights()]))
 print(f"DONE rank {rank} of {size}", flush=True)
