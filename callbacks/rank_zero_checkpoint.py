@@ -142,9 +142,9 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self.filename, self.save_weights_only, self.save_freq = self._names.template, save_weights_only, save_freq
         self.preemption_signals = tuple(signal.Signals(n).name for n in self._signums) or None
         self.preemption_timeout = preemption_timeout
-        if save_freq != "epoch" or self._signums:
+        if save_freq != "epoch":
             # Only then: Keras dispatches batch hooks asynchronously unless a callback overrides one.
-            self.on_train_batch_end = self._on_batch
+            self.on_train_batch_end = self._save_on_batch
         # The best so far of this callback's directory; kept from one fit to the next, as Keras's is.
         self._best: float | None = None
         self._best_ready = False
@@ -169,7 +169,8 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self._epoch, self._since_save, self._last_batch = 0, 0, None
         self._data = DataState(self.model, point)
         self._data.prepare()
-        self._stopping: str | None = None  # the signal that stops training at the next epoch's start
+        self._epoch_saved: str | None = None  # the checkpoint of the epoch just ended, until the next one ends
+        self._batch_saved: tuple[int, int, str] | None = None  # (epoch, batch, path) of the last save_freq save
         self._resolve(required=False)
         if self._signums:
             self._watch = preemption.PreemptionWatch(
@@ -228,49 +229,51 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         return value < self._best if self._mode == "min" else value > self._best
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if self._stopping is not None:
-            self._stop(preemption.Preempted(self._stopping, self._last_path, self._epoch, self._steps()))
         self._epoch = epoch
         data_position.expect(self.model)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if batch == 0:
+            data_position.close_window()  # the training loader has begun its epoch; a later one validates
             self._data.epoch_begins(self._epoch, warn=distributed.is_chief())
+        if self._watch is not None:
+            # A batch's start is the end of the step before, and this hook costs Keras no asynchrony.
+            self._stop_if_preempted(batch)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch_saved = None
         if self.save_freq == "epoch":
             self._save(epoch, None, logs or {})
+            self._epoch_saved = self._last_path
 
-    def _on_batch(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        data_position.close_window()
-        saved = False
-        if self.save_freq != "epoch":
-            # Counted as Keras does, so that steps_per_execution > 1 (batch numbers that jump) saves as often.
-            new_epoch = self._last_batch is None or batch <= self._last_batch
-            self._since_save += batch + 1 if new_epoch else batch - cast(int, self._last_batch)
-            self._last_batch = batch
-            if self._since_save >= cast(int, self.save_freq):
-                self._since_save = 0
-                self._save(self._epoch, batch, logs or {})
-                saved = True
-        if self._watch is not None:
-            self._stop_if_preempted(batch, logs or {}, saved)
+    def _save_on_batch(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # Counted as Keras does, so that steps_per_execution > 1 (batch numbers that jump) saves as often.
+        new_epoch = self._last_batch is None or batch <= self._last_batch
+        self._since_save += batch + 1 if new_epoch else batch - cast(int, self._last_batch)
+        self._last_batch = batch
+        self._batch_saved = None
+        if self._since_save >= cast(int, self.save_freq):
+            self._since_save = 0
+            self._save(self._epoch, batch, logs or {})
+            self._batch_saved = (self._epoch, batch, self._last_path)
 
-    def _stop_if_preempted(self, batch: int, logs: dict[str, Any], saved: bool) -> None:
+    def _stop_if_preempted(self, batch: int) -> None:
         watch = cast(preemption.PreemptionWatch, self._watch)
-        if self._stopping is not None:
-            return
+        steps = self._steps()
+        if steps and self._data.offset() + batch >= steps:
+            return  # Keras's look past a resumed epoch's last batch: its end comes first
         name = watch.agree()  # every rank, every step: one collective, so all stop after the same step
         if name is None:
             return
         watch.reached_boundary()
-        if self._position(self._epoch, batch).batch == 0:
-            # The epoch's last batch: its end (validation, logs, the epoch's checkpoint and best file) comes
-            # first, as in a run that goes on; the next epoch's start stops.
-            self._stopping = name
-            return
-        path = self._last_path if saved else self._save(self._epoch, batch, logs, step_file=True)
-        self._stop(preemption.Preempted(name, path, self._epoch, self._data.offset() + batch + 1))
+        trained = self._data.offset() + batch
+        if batch == 0 and self._epoch_saved:
+            path = self._epoch_saved  # the epoch before ended, and its checkpoint is where training stands
+        elif batch and self._batch_saved is not None and self._batch_saved[:2] == (self._epoch, batch - 1):
+            path = self._batch_saved[2]  # save_freq saved this very step
+        else:
+            path = self._save(self._epoch, batch - 1 if batch else None, {}, step_file=True, at=trained)
+        self._stop(preemption.Preempted(name, path, self._epoch, trained))
 
     def _stop(self, stopped: preemption.Preempted) -> None:
         if distributed.is_chief():
@@ -293,18 +296,22 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
             return Position(epoch + 1)  # all of the epoch's batches are trained
         return Position(epoch, trained)
 
-    def _save(self, epoch: int, batch: int | None, logs: dict[str, Any], step_file: bool = False) -> str:
+    def _save(self, epoch: int, batch: int | None, logs: dict[str, Any], step_file: bool = False,
+              at: int | None = None) -> str:
+        """Saves after `batch` of `epoch` (None: at the epoch's end, or with `at`, a step checkpoint
+        `at` batches into the epoch, before this fit trained any of it). Returns the path."""
         if not self._resolved:
             self._resolve(required=True)
-        position = self._position(epoch, batch)
+        ahead = batch is None and at is not None  # a step checkpoint before this fit's first batch of the epoch
+        position = Position(epoch, cast(int, at)) if ahead else self._position(epoch, batch)
         # Every rank: each one's data view and metric state (one collective; all ranks save at the same step).
-        data = self._data.gather(batch, finished=position.batch == 0)
+        data = self._data.gather(-1 if ahead else batch, finished=position.batch == 0 and not ahead)
         # The file names count the epoch's batches, those trained before a resume included.
-        shown = None if batch is None else self._data.offset() + batch
+        shown = None if batch is None and not ahead else self._data.offset() + (-1 if batch is None else batch)
         names = self._step_names if step_file else self._names
         name = names.format(epoch, shown, logs)  # on every rank: a bad template stops all ranks together
         value = logs.get(self.monitor) if self.monitor else None
-        if self.monitor and value is None and not self._warned_missing:
+        if self.monitor and value is None and not self._warned_missing and not step_file:
             self._warned_missing = True
             if distributed.is_chief():
                 kind = "epoch" if batch is None else "batch"

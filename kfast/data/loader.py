@@ -118,6 +118,12 @@ class FastLoader(keras.utils.PyDataset):
     every worker when the dataset defines it (cheaper: nothing is re-sent). Memory in flight is bounded
     by `max_queue_size` batches.
 
+    Resuming: a checkpoint of `kfast.callbacks.RankZeroCheckpoint` records where the loader stood (its
+    seed, its epoch, the batches trained; `epoch_order`), and after `kfast.distributed.restore` the first
+    FastLoader over a dataset of the same length goes on from there, at its first use: the epoch in progress
+    has only its remaining batches (`len()` says so inside it), in the order it would have had, and the
+    next epochs follow in theirs (see `kfast.data.position`).
+
     Keras's own `workers`, `use_multiprocessing` and `max_queue_size` attributes of this PyDataset stay at
     1, False and 1, since Keras would otherwise run the loader inside a pool of its own; the real settings
     are in `settings`.

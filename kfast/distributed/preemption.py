@@ -52,9 +52,10 @@ class Preempted(SystemExit):
         self.signal_name, self.path, self.epoch, self.batch = signal_name, path, epoch, batch
 
     def __str__(self) -> str:
-        return (f"stopped by {self.signal_name} after batch {self.batch} of epoch {self.epoch + 1}; the step "
-                f"checkpoint is {self.path}; resume with kfast.distributed.restore(model, directory) (exit status "
-                f"{RESUMABLE_EXIT})")
+        where = f"after batch {self.batch} of epoch {self.epoch + 1}" if self.batch else \
+            f"at the start of epoch {self.epoch + 1}"
+        return (f"stopped by {self.signal_name} {where}; the checkpoint is {self.path}; resume with "
+                f"kfast.distributed.restore(model, directory) (exit status {RESUMABLE_EXIT})")
 
 
 def signal_numbers(owner: str, names: Sequence[str | int] | None) -> tuple[int, ...]:
@@ -91,10 +92,10 @@ def leave(stopped: Preempted) -> None:
     """
     if distributed.size() == 1:
         raise stopped
-    distributed.broadcast_object(None, root_rank=0)  # rank 0 wrote its checkpoint before it got here
-    loader_signals.clean_up()
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)  # horovodrun's SIGTERM for a peer's exit must not change the status
+    distributed.broadcast_object(None, root_rank=0)  # rank 0 wrote its checkpoint before it got here
+    loader_signals.clean_up()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(RESUMABLE_EXIT)

@@ -286,11 +286,9 @@ def test_epoch_saves_leave_keras_its_asynchronous_batch_hooks(tmp_path):
     # Keras dispatches batch hooks asynchronously unless a callback overrides one.
     assert type(kfast.callbacks.RankZeroCheckpoint(str(tmp_path))).on_train_batch_end is (
         keras.callbacks.Callback.on_train_batch_end)
-    assert "on_train_batch_end" not in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path), preemption_signals=None))
-    assert "on_train_batch_end" in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path), save_freq=2,
-                                                                            preemption_signals=None))
-    # Preemption needs a look at every step's end (SIGTERM by default).
-    assert "on_train_batch_end" in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path)))
+    # Watching for preemption (SIGTERM, the default) looks at each batch's start, which Keras never defers.
+    assert "on_train_batch_end" not in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path)))
+    assert "on_train_batch_end" in vars(kfast.callbacks.RankZeroCheckpoint(str(tmp_path), save_freq=2))
 
 
 # --- clear errors for bad paths and arguments -------------------------------------------------------------

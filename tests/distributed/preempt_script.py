@@ -31,7 +31,8 @@ parser.add_argument("--signal-rank", type=int, default=0)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--processes", action="store_true")
-parser.add_argument("--stuck-at", type=int, default=-1, help="a batch index whose loading never ends")
+parser.add_argument("--stuck-at", type=int, default=-1,
+                    help="a batch index whose loading never ends in the second epoch (when training is under way)")
 parser.add_argument("--marker", default=None)
 parser.add_argument("--timeout", type=float, default=20.0)
 args = parser.parse_args()
@@ -48,13 +49,16 @@ class Indexed(keras.utils.PyDataset):
 
     def __init__(self, stuck_at=-1, marker=None):
         super().__init__()
-        self.stuck_at, self.marker = stuck_at, marker
+        self.stuck_at, self.marker, self.epoch = stuck_at, marker, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
 
     def __len__(self):
         return BATCHES
 
     def __getitem__(self, i):
-        if i == self.stuck_at:
+        if i == self.stuck_at and self.epoch == 1:
             with open(self.marker, "w") as f:
                 f.write(str(os.getpid()))
             while True:
@@ -80,21 +84,19 @@ def loss(y_true, y_pred):
 
 
 class Record(keras.callbacks.Callback):
-    """Logs each trained step and epoch end; sends SIGTERM to this process at step --signal-at."""
+    """Logs each trained step and epoch end; sends SIGTERM to this process at the end of step --signal-at."""
 
     step = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
-    def on_train_batch_begin(self, batch, logs=None):
-        if Record.step == args.signal_at and rank == args.signal_rank:
-            os.kill(os.getpid(), signal.SIGTERM)
-        Record.step += 1
-
     def on_train_batch_end(self, batch, logs=None):
         with open(log_path, "a") as f:
             f.write(f"{self.epoch} {int(logs['index'])} {float(self.model.optimizer.learning_rate):.8f}\n")
+        if Record.step == args.signal_at and rank == args.signal_rank:
+            os.kill(os.getpid(), signal.SIGTERM)  # as if it came during the step just trained
+        Record.step += 1
 
     def on_epoch_end(self, epoch, logs=None):
         with open(log_path, "a") as f:
