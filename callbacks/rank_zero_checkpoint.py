@@ -262,7 +262,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         steps = self._steps()
         if steps and self._data.offset() + batch >= steps:
             return  # Keras's look past a resumed epoch's last batch: its end comes first
-        name = watch.agree()  # every rank, every step: one collective, so all stop after the same step
+        name = watch.agree(self.model.optimizer)  # every rank, every step: all stop after the same step
         if name is None:
             return
         watch.reached_boundary()

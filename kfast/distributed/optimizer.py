@@ -66,6 +66,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
 
     def build(self, var_list: list[Any]) -> None:
+        # A preemption note rides along with the gradients (see kfast.distributed.preemption): this rank's
+        # flag goes in, every rank's average comes out, so all ranks learn it from the same step's exchange.
+        self._stop_flag = self.add_variable((), initializer="zeros", dtype="float32", name="stop_flag")
+        self._stop_seen = self.add_variable((), initializer="zeros", dtype="float32", name="stop_seen")
         if self.backward_passes_per_step > 1:
             self._pass = self.add_variable((), initializer="zeros", dtype="int", name="backward_pass")
             self._sums = [self.add_variable_from_reference(v, name="grad_sum") for v in var_list]
@@ -90,13 +94,32 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def _exchange(self, grads: list[Any]) -> list[Any]:
         dense = [None if g is None else ops.convert_to_tensor(g) for g in grads]
+        carries = hasattr(self, "_stop_flag")  # built (apply builds it first)
+        if carries:
+            dense.append(ops.convert_to_tensor(self._stop_flag))
         if self.compression == "fp16":
             dtypes = [None if g is None else g.dtype for g in dense]
             # Every floating type goes as float16, float64 too, as Horovod's Compression.fp16 does.
             sent = [None if g is None else ops.cast(g, "float16") if keras.backend.is_float_dtype(g.dtype) else g
                     for g in dense]
-            return [None if g is None else ops.cast(g, d) for g, d in zip(distributed.allreduce_average(sent), dtypes)]
-        return distributed.allreduce_average(dense, name="kfast.grads")
+            out = [None if g is None else ops.cast(g, d) for g, d in zip(distributed.allreduce_average(sent), dtypes)]
+        else:
+            out = distributed.allreduce_average(dense, name="kfast.grads")
+        if carries:
+            self._stop_seen.assign(out.pop())
+        return out
+
+    def carries_stop(self) -> bool:
+        """Whether every step's gradient exchange also tells each rank whether any rank noted a preemption."""
+        return self.built and self.backward_passes_per_step == 1 and hasattr(self, "_stop_seen")
+
+    def note_stop(self) -> None:
+        """Puts this rank's preemption note into the next exchange."""
+        self._stop_flag.assign(1.0)
+
+    def stop_agreed(self) -> bool:
+        """Whether the last exchange carried a preemption note from any rank (the same answer on every rank)."""
+        return float(ops.convert_to_numpy(self._stop_seen)) > 0
 
     def apply(self, grads: list[Any], trainable_variables: list[Any] | None = None) -> None:
         if not self.built:

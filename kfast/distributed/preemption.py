@@ -8,7 +8,8 @@ signal may reach one rank and not another, and ranks notice it at different mome
 and at every step's end all ranks add up their notes in one allreduce (every rank issues it at every step,
 so none waits in a collective its peer never issues). A non-zero sum stops all of them after that same
 step. The note is taken by the loaders' signal watcher (`kfast.data._workers.interrupt`) the moment the
-signal arrives, from a thread of its own: when the main thread is stuck (a batch that never comes, a peer
+signal arrives, from a thread of its own (with a `kfast.DistributedOptimizer` the notes ride inside
+the gradients' own allreduce, which every rank issues at every step anyway): when the main thread is stuck (a batch that never comes, a peer
 gone), a timer started then ends the process after `timeout` seconds, with the loaders closed and no
 half-written checkpoint, and says so.
 """
@@ -124,6 +125,7 @@ class PreemptionWatch:
         self._note: _Note | None = None
         self._lock = threading.Lock()
         self._active = False
+        self._sent = False  # this rank's note is in the optimizer's exchange
 
     def start(self) -> None:
         """Installs the handlers (from the main thread only; elsewhere there is nothing to catch with)."""
@@ -192,11 +194,21 @@ class PreemptionWatch:
         note = self._note
         return note.signum if note else None
 
-    def agree(self) -> str | None:
-        """Called by every rank at every step's end: the name of the signal that stops them all now, or None."""
+    def agree(self, optimizer: Any = None) -> str | None:
+        """Called by every rank between every two steps: the name of the signal that stops them all now, or None.
+
+        With a `kfast.DistributedOptimizer`, the notes travel inside the gradients' allreduce (no collective
+        of its own: one step later, but free); otherwise they are summed in an allreduce here.
+        """
         mine = self.requested()
         if distributed.size() > 1:
-            if not distributed.allreduce_sum_values([1.0 if mine else 0.0])[0]:
+            if getattr(optimizer, "carries_stop", lambda: False)():
+                if mine and not self._sent:
+                    optimizer.note_stop()
+                    self._sent = True
+                if not optimizer.stop_agreed():
+                    return None
+            elif not distributed.allreduce_sum_values([1.0 if mine else 0.0])[0]:
                 return None
         elif not mine:
             return None
