@@ -35,6 +35,7 @@ __all__ = ["FastLoader", "WorkerError"]
 
 
 _MAX_TASKS_PER_WORKER = 128
+_ENDING_WAIT_S = 30.0  # a wait whose pool the process's end closed: the end comes first (os._exit)
 
 
 def default_workers() -> int:
@@ -425,6 +426,9 @@ class FastLoader(keras.utils.PyDataset):
             self.close()
             raise
         except BaseException:
+            if signals.ending():
+                # The process is being ended (its loaders closed first): wait for that, within a bound.
+                time.sleep(_ENDING_WAIT_S)
             self.close()
             raise
 

@@ -35,6 +35,7 @@ _loaders: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
 _installed = False
 _owner = None  # the pid that installed the handlers; a forked child (a Keras or user pool) inherits them
+_ending = False
 
 
 def watch(loader):
@@ -86,8 +87,16 @@ def end_by(signum, message):
         os._exit(128 + signum)  # not from the main thread: no re-raising the signal, no unwinding
 
 
+def ending():
+    """True once `clean_up` began: the process is ending, and a loader closed under a waiting thread's feet
+    must not turn that into an error of its own (it would race the exit with another status)."""
+    return _ending
+
+
 def clean_up():
     """Closes every live process loader and removes the fork server's directory (the process is ending)."""
+    global _ending
+    _ending = True
     used_processes = False
     for loader in list(_loaders):
         try:
