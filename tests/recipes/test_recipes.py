@@ -80,6 +80,9 @@ def test_launch_builds_the_horovodrun_command():
 @pytest.mark.parametrize("args, message", [
     (["train", "nope"], "unknown recipe 'nope'; choose one of: image-classification, tabular"),
     (["train", "tabular", "--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["train", "tabular", "--save-freq", "0"], "--save-freq must be at least 1, got 0"),
+    (["train", "tabular", "--preemption-signal", "SIGBOGUS"],
+     "RankZeroCheckpoint got the signal 'SIGBOGUS', which this system does not have"),
     (["train", "tabular", "--data", "missing.csv"], "--data 'missing.csv' does not exist"),
     (["train", "tabular", "--bogus"], "unrecognized arguments: --bogus"),
     (["launch", "-np", "2", "-H", "host1", "tabular"], "-H 'host1' is not a host list"),
