@@ -110,8 +110,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         # Per batch on purpose: a per-epoch jump of N x is what the gradual warm-up exists to avoid.
         if self._in_warmup(self._epoch):
             # Inside an epoch resumed from a checkpoint, its batches trained before count too.
-            loader = data_position.training_loader(self.model)
-            offset = loader.epoch_offset if loader is not None else 0
+            offset = data_position.epoch_offset(self.model)
             self.model.optimizer.learning_rate = self.rate_at(self._epoch, offset + batch)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:

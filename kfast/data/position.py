@@ -178,3 +178,9 @@ def training_loader(model: Any) -> Any:
     """The FastLoader of `model`'s current `fit`, or None (its data is not a FastLoader, or none began)."""
     ref = _training.get(model)
     return ref() if ref is not None else None
+
+
+def epoch_offset(model: Any) -> int:
+    """Batches of `model`'s current epoch trained before this fit (inside a resumed epoch; else 0)."""
+    loader = training_loader(model)
+    return loader.epoch_offset if loader is not None else 0

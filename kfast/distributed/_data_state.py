@@ -30,8 +30,7 @@ class DataState:
 
     def offset(self) -> int:
         """Batches of the current epoch trained before this fit (inside a resumed epoch; else 0)."""
-        loader = self._loader()
-        return loader.epoch_offset if loader is not None else 0
+        return data_position.epoch_offset(self.model)
 
     def prepare(self) -> None:
         """When training begins: a resumed epoch's metric state needs the compiled metrics built, which Keras
