@@ -7,6 +7,9 @@ A slot is lent to one task at a time (`acquire`). When its batch comes back, `ex
 leaves as views of one fresh per-batch array (the "export"); a weak reference to that export returns
 the slot to the free list when the last leaf or view of it is gone, so a batch the user still holds is
 never overwritten. Nothing here depends on reference counts.
+The weak reference's callback is `deque.append`, C code: a Python callback can be entered at any
+bytecode when the batch is freed, and a Ctrl-C landing inside it is printed as "Exception ignored" and
+lost (the run went on training). The dead references are turned back into slots at the next `acquire`.
 
 Room. `/dev/shm` is a size-limited tmpfs (64 MB in Docker by default). A segment is created sparse, and
 writing a page tmpfs cannot supply kills the writer with SIGBUS, so `create` reserves every page up
@@ -50,10 +53,6 @@ class Segment(shared_memory.SharedMemory):
             self.unlink()
         except FileNotFoundError:
             pass
-
-
-def _give_back(free: collections.deque[int], slot: int, _: object) -> None:
-    free.append(slot)  # the export array is gone: its slot can be written again
 
 
 def _new_segment(nbytes):
@@ -100,11 +99,17 @@ class Ring:
                 raise
             self.segment = _new_segment(slots * slot_bytes)
         self.name = self.segment.name
-        self._free = collections.deque(range(slots))  # appended to by weakref callbacks, any thread
+        self._free = collections.deque(range(slots))
+        self._freed: collections.deque[weakref.ref[np.ndarray]] = collections.deque()  # dead exports, any thread
         self._exports: dict[int, weakref.ref[np.ndarray]] = {}  # slot -> weak reference to the batch's export array
+        self._slot_of: dict[int, int] = {}  # id of a live export's weak reference -> its slot
 
     def acquire(self):
         """A free slot's index, or -1 when every slot is lent or held by live batches."""
+        while self._freed:
+            slot = self._slot_of.pop(id(self._freed.popleft()), None)
+            if slot is not None:
+                self._free.append(slot)
         try:
             return self._free.popleft()
         except IndexError:
@@ -118,8 +123,9 @@ class Ring:
         """Leaves of the batch written into `slot`, as views of one per-batch array (no copy)."""
         start = slot * self.slot_bytes
         holder = np.frombuffer(self.segment.buf, np.uint8, count=self.slot_bytes, offset=start)
-        free = self._free
-        self._exports[slot] = weakref.ref(holder, functools.partial(_give_back, free, slot))
+        ref = weakref.ref(holder, self._freed.append)
+        self._exports[slot] = ref  # keeps the reference (and so its id) alive until the slot is lent again
+        self._slot_of[id(ref)] = slot
         leaves = []
         for dtype, shape, offset in layout:
             dtype = _dtype(dtype)
@@ -137,4 +143,5 @@ class Ring:
     def release(self):
         """Unlinks the segment and unmaps it here; batches handed out stay valid until they are freed."""
         self._exports.clear()
+        self._slot_of.clear()
         self.segment.release()
