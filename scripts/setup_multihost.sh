@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Install what the multi-host tests (tests/multihost/) need: OpenSSH's server and iproute2.
+# Install what the multi-host tests (tests/multihost/) need: OpenSSH's server, iproute2, and Slurm with
+# MUNGE (slurm-wlm, munge) for the scheduler tests.
 #
 # Usage: scripts/setup_multihost.sh     (`make test` runs it; it returns at once when all is installed)
 #
 # The tests start their own sshd, one per network-namespace host, bound to that host's 127.0.100.x
-# address; the system's sshd must never start (it would listen on every interface of this machine). So
-# the package is installed under a policy-rc.d that denies service starts, and its service is disabled.
+# address; the system's sshd must never start (it would listen on every interface of this machine). The
+# same holds for slurmctld, slurmd and munged: the Slurm tests start their own, one set per host, with
+# configs and keys of their own. So the packages are installed under a policy-rc.d that denies service
+# starts, and their services are disabled.
 # Without root the script only says why it skips: the multi-host tests then report themselves skipped.
 set -euo pipefail
 
@@ -16,6 +19,8 @@ have sshd || missing+=(openssh-server)
 have ssh || missing+=(openssh-client)
 have ip || missing+=(iproute2)
 have unshare && have nsenter || missing+=(util-linux)
+have slurmctld && have slurmd && have sbatch || missing+=(slurm-wlm)
+have munged || missing+=(munge)
 if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0
 fi
@@ -51,9 +56,11 @@ timeout 600 apt-get update -q >/dev/null
 timeout 600 apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 # Keep the system sshd from starting at the next boot as well (no-ops where there is no init system).
 if command -v systemctl >/dev/null; then
-  systemctl disable ssh.service ssh.socket >/dev/null 2>&1 || true
+  systemctl disable ssh.service ssh.socket slurmctld.service slurmd.service munge.service >/dev/null 2>&1 || true
 fi
 if command -v update-rc.d >/dev/null; then
-  update-rc.d ssh disable >/dev/null 2>&1 || true
+  for service in ssh slurmctld slurmd munge; do update-rc.d "$service" disable >/dev/null 2>&1 || true; done
 fi
 have sshd || { echo "setup_multihost.sh: sshd is still missing after installing openssh-server." >&2; exit 1; }
+have slurmd && have munged || { echo "setup_multihost.sh: slurmd or munged is still missing after installing" \
+  "slurm-wlm and munge." >&2; exit 1; }

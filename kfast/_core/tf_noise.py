@@ -50,12 +50,15 @@ def enabled():
     return os.environ.get(SHOW_VARIABLE, "") not in ("1", "true", "yes")
 
 
-def copy(source, target):
+def copy(source, target, watch=None):
     """Copies lines from binary file `source` to binary file `target` until end of file, dropping the
-    start-up lines (all of them pass when filtering is off) and flushing after each line."""
+    start-up lines (all of them pass when filtering is off) and flushing after each line. `watch`, if
+    given, sees every line first."""
     drop = enabled()
     reader_gone = False
     for line in iter(source.readline, b""):
+        if watch is not None:
+            watch(line)
         if reader_gone or (drop and is_noise(line)):
             continue  # keep draining, so the writer never blocks on a full pipe
         try:
@@ -65,15 +68,18 @@ def copy(source, target):
             reader_gone = True
 
 
-def run(cmd, cwd=None, stop_grace_s=30):
+def run(cmd, cwd=None, stop_grace_s=30, watch=None, handlers=None):
     """Runs `cmd` with its stderr filtered through `copy` and returns its exit status (128+N for signal N).
 
     SIGINT, SIGTERM and SIGHUP sent to this process are passed on to `cmd` (horovodrun stops its ranks on
     them), and this process waits for it; if it is still running `stop_grace_s` seconds after such a
-    signal, it is killed. Call from the main thread.
+    signal, it is killed. `watch` sees each line of `cmd`'s stderr; `handlers` ({signal number:
+    handler(pid of cmd)}) take the signals they name instead (a handler's signal is not passed on).
+    Call from the main thread.
     """
     proc = subprocess.Popen(cmd, cwd=cwd, stderr=subprocess.PIPE)
-    forward = threading.Thread(target=copy, args=(proc.stderr, sys.stderr.buffer), name="kfast-stderr", daemon=True)
+    forward = threading.Thread(target=copy, args=(proc.stderr, sys.stderr.buffer, watch), name="kfast-stderr",
+                               daemon=True)
     forward.start()
     signalled = []
 
@@ -82,7 +88,9 @@ def run(cmd, cwd=None, stop_grace_s=30):
         if proc.poll() is None:
             proc.send_signal(signum)
 
-    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    own = dict(handlers or {})
+    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if s not in own}
+    previous.update({s: signal.signal(s, lambda signum, frame: own[signum](proc.pid)) for s in own})
     try:
         while True:
             try:

@@ -1,4 +1,5 @@
-"""`kfast launch`: build and run the horovodrun command for a recipe on N processes or several hosts."""
+"""`kfast launch`: build and run the horovodrun command for a recipe or a script on N processes or several
+hosts: the hosts of `-H`, of a host file, or of the Slurm allocation it runs in."""
 
 from __future__ import annotations
 
@@ -8,10 +9,20 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def rank_command(recipe: str, recipe_args: Sequence[str], python: str = sys.executable) -> list[str]:
+    """What every rank runs: `python -m kfast.cli train RECIPE ARGS`, or `python SCRIPT ARGS` for a `.py` file."""
+    if recipe.endswith(".py"):
+        return [python, recipe, *recipe_args]
+    return [python, "-m", "kfast.cli", "train", recipe, *recipe_args]
+
+
 def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str, recipe_args: Sequence[str],
                    horovodrun: str = "horovodrun", python: str = sys.executable,
                    elastic: dict[str, Any] | None = None) -> list[str]:
     """The horovodrun command line `kfast launch` runs.
+
+    `recipe` is a recipe's name, or a Python script (a name ending in `.py`) that every rank runs with
+    `recipe_args`.
 
     `elastic`, for an elastic job: `{"min_np", "max_np", "discovery"}` (a host-discovery script, or None for the
     fixed -H hosts, at least two), and optionally `"interface"` (the network interface the ranks share); the
@@ -39,12 +50,12 @@ def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str
         cmd += ["--min-np", str(low), "--max-np", str(high)]
         if elastic.get("interface"):
             cmd += ["--network-interface", elastic["interface"]]
-        recipe_args = [*recipe_args, "--elastic"]
+        if not recipe.endswith(".py"):
+            recipe_args = [*recipe_args, "--elastic"]
         if elastic["discovery"]:
             if hosts or hostfile:
                 raise ValueError("pass either --host-discovery-script or -H/--hostfile, not both.")
-            return cmd + ["--host-discovery-script", elastic["discovery"], python, "-m", "kfast.cli", "train", recipe,
-                          *recipe_args]
+            return cmd + ["--host-discovery-script", elastic["discovery"], *rank_command(recipe, recipe_args, python)]
     if hosts:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+:\d+(,[A-Za-z0-9_.\-]+:\d+)*", hosts):
             raise ValueError(f"-H {hosts!r} is not a host list; expected host:slots[,host:slots...], "
@@ -57,23 +68,41 @@ def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str
         cmd += ["--hostfile", hostfile]
     else:
         cmd += ["-H", f"localhost:{np}"]
-    return cmd + [python, "-m", "kfast.cli", "train", recipe, *recipe_args]
+    return cmd + rank_command(recipe, recipe_args, python)
 
 
 def add_launch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "launch", help="run a recipe on N processes / several hosts through horovodrun",
-        description="Build and run the horovodrun command for a recipe. Hosts need kfast installed at the same "
+        "launch", help="run a recipe or a script on N processes / several hosts through horovodrun",
+        description="Build and run the horovodrun command for a recipe or a Python script. The hosts come from "
+                    "-H, a host file (`host slots=N` lines, as Kubernetes' MPI Operator writes), or, inside a "
+                    "Slurm job, the allocation; else this machine. Hosts need kfast installed at the same "
                     "path and password-less SSH from this one; when other hosts take part, they are checked "
                     "first (see `kfast doctor --hosts`).")
-    p.add_argument("-np", type=int, required=True, help="total number of processes")
-    p.add_argument("-H", dest="hosts", help="host:slots[,host:slots...] (default: localhost:NP)")
-    p.add_argument("--hostfile", help="a horovodrun host file instead of -H")
+    p.add_argument("-np", type=int, help="total number of processes (default: every slot of -H, the host file or "
+                                         "the Slurm allocation; required on this machine alone)")
+    p.add_argument("-H", dest="hosts", help="host:slots[,host:slots...] (default: the Slurm allocation, else "
+                                            "localhost:NP)")
+    p.add_argument("--hostfile", help="a host file instead of -H: `host slots=N` (or `host:N`) lines")
     p.add_argument("--chdir", metavar="DIR",
                    help="run every rank in DIR (default: this directory; it must exist on every host)")
     p.add_argument("--no-preflight", action="store_true",
                    help="start horovodrun without first checking the other hosts")
     p.add_argument("--dry-run", action="store_true", help="print the command without running it")
+    p.add_argument("--stop-signal", action="append", metavar="SIG",
+                   help="a signal that stops the job with a checkpoint: the ranks on this host get SIGTERM, which "
+                        "they watch (repeatable; default inside a Slurm job: SIGUSR1, for --signal=B:USR1@N)")
+    p.add_argument("--no-requeue", action="store_true",
+                   help="inside a Slurm job, do not requeue the job after a stop signal ended it resumably")
+    p.add_argument("--print-sbatch", action="store_true",
+                   help="print a Slurm batch script that runs this command, and exit (see --nodes and the others)")
+    p.add_argument("--nodes", type=int, default=2, help="with --print-sbatch: nodes to ask for (default 2)")
+    p.add_argument("--ntasks-per-node", type=int, default=1,
+                   help="with --print-sbatch: ranks per node, one per GPU (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="with --print-sbatch: GPUs per node (default none)")
+    p.add_argument("--time", default="24:00:00", help="with --print-sbatch: the job's time limit (default 24:00:00)")
+    p.add_argument("--signal-lead", type=int, default=120, metavar="SECONDS",
+                   help="with --print-sbatch: how long before the time limit Slurm sends USR1 (default 120)")
     p.add_argument("--elastic", action="store_true",
                    help="keep training as ranks leave and join, between --min-np and --max-np (Horovod's elastic "
                         "driver; the recipe runs with --elastic)")
@@ -81,8 +110,8 @@ def add_launch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--max-np", type=int, help="with --elastic: the most ranks to grow to (default -np)")
     p.add_argument("--host-discovery-script", metavar="SCRIPT",
                    help="with --elastic: prints the available host:slots lines, polled every second")
-    p.add_argument("recipe", metavar="RECIPE", help="a name from `kfast recipes`")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's options")
+    p.add_argument("recipe", metavar="RECIPE|SCRIPT.py", help="a name from `kfast recipes`, or a Python script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the recipe's (or the script's) options")
     p.set_defaults(run=run_launch)
 
 
@@ -120,30 +149,68 @@ def _local_discovery(slots: int) -> str:
     return path
 
 
+def _hosts(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """The -H list and the default -np: from -H, the host file, or the Slurm allocation (printed)."""
+    from kfast import cluster
+
+    if args.hosts:
+        if args.hostfile:
+            raise ValueError("pass either -H or --hostfile, not both.")
+        slots = [h.rsplit(":", 1)[-1] for h in args.hosts.split(",")]
+        return args.hosts, sum(int(n) for n in slots) if all(n.isdigit() for n in slots) else None
+    if args.host_discovery_script and not args.hostfile:
+        return None, None
+    found = cluster.read_hostfile(args.hostfile) if args.hostfile else cluster.allocation()
+    if found is None:
+        return None, None
+    print(f"kfast launch: {found.source}: {found.host_list} ({found.np} slot(s))", flush=True)
+    return found.host_list, found.np
+
+
+def _signal_numbers(names: list[str] | None) -> list[int]:
+    from kfast.distributed import preemption
+
+    return list(preemption.signal_numbers("kfast launch --stop-signal", list(names or ())))
+
+
 def run_launch(args: argparse.Namespace) -> int:
     import os
     import shlex
 
+    from kfast import cluster
     from kfast.env import preflight
     from kfast import recipes
-    from kfast._core import tf_noise
+    from kfast._core import tf_noise  # noqa: F401 - the launcher's output filter, loaded before TensorFlow
+    from kfast.cluster import job
     from kfast.distributed import horovodrun_path
 
     try:
-        recipes.get(args.recipe)
+        if not args.recipe.endswith(".py"):
+            recipes.get(args.recipe)
+        if args.print_sbatch:
+            print(cluster.batch_script(args.recipe, args.args, nodes=args.nodes,
+                                       ntasks_per_node=args.ntasks_per_node, gpus_per_node=args.gpus_per_node,
+                                       time=args.time, signal_lead=args.signal_lead), end="")
+            return 0
+        hosts, slots = _hosts(args)
+        np = args.np if args.np is not None else slots
+        if np is None:
+            raise ValueError("-np is missing: give it, or hosts with -H, --hostfile or a Slurm allocation "
+                             "(-np then defaults to their slots).")
         horovodrun = horovodrun_path()
         elastic: dict[str, Any] | None = None
         if args.elastic:
             elastic = {"min_np": args.min_np, "max_np": args.max_np, "discovery": args.host_discovery_script}
-            if not (args.host_discovery_script or args.hosts or args.hostfile):
+            if not (args.host_discovery_script or hosts):
                 # Horovod's elastic driver wants two hosts or a discovery script: on this host alone, a script
                 # that offers its slots (the ranks share only lo).
-                elastic.update(discovery=_local_discovery(max(args.max_np or args.np, args.np)), interface="lo")
+                elastic.update(discovery=_local_discovery(max(args.max_np or np, np)), interface="lo")
         elif args.min_np or args.max_np or args.host_discovery_script:
             raise ValueError("--min-np, --max-np and --host-discovery-script go with --elastic.")
-        cmd = launch_command(args.np, args.hosts, args.hostfile, args.recipe, args.args, horovodrun=horovodrun,
-                             elastic=elastic)
-        names = preflight.host_names(args.hosts, args.hostfile)
+        cmd = launch_command(np, hosts, None, args.recipe, args.args, horovodrun=horovodrun, elastic=elastic)
+        names = preflight.host_names(hosts)
+        in_slurm = cluster.in_allocation()
+        stop_signals = _signal_numbers(args.stop_signal or (["SIGUSR1"] if in_slurm else []))
     except ValueError as e:
         print(f"kfast launch: {e}", file=sys.stderr)
         return 2
@@ -161,5 +228,8 @@ def run_launch(args: argparse.Namespace) -> int:
         return 2
     if not args.no_preflight and preflight.needed(names) and not _preflight(names, directory):
         return 1
+    requeue = os.environ.get("SLURM_JOB_ID") if in_slurm and not args.no_requeue else None
     # TensorFlow's start-up lines from every rank are dropped; warnings and errors pass.
-    return tf_noise.run(cmd, cwd=directory)
+    end = job.run(cmd, rank_command(args.recipe, args.args), cwd=directory, stop_signals=stop_signals,
+                  requeue_job=requeue)
+    return end.status

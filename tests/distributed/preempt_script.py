@@ -6,7 +6,7 @@ loss". The order is shuffled by fit (FastLoader's default) with a random seed un
 the learning rate warms up per batch: a resume that loses the seed or the position shows in the log.
 
     preempt_script.py DIR [--signal-at STEP] [--signal-rank R] [--resume] [--seed S] [--processes]
-                          [--stuck-at INDEX --marker FILE] [--timeout S]
+                          [--stuck-at INDEX --marker FILE] [--hold-at STEP --marker FILE] [--timeout S]
 """
 
 import argparse
@@ -33,6 +33,9 @@ parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--processes", action="store_true")
 parser.add_argument("--stuck-at", type=int, default=-1,
                     help="a batch index whose loading never ends in the second epoch (when training is under way)")
+parser.add_argument("--hold-at", type=int, default=-1,
+                    help="the step (counted over the run) after which rank 0 writes --marker and waits for MARKER.go, "
+                         "once: a test then signals the job from outside (tests/multihost/test_slurm.py)")
 parser.add_argument("--marker", default=None)
 parser.add_argument("--timeout", type=float, default=20.0)
 args = parser.parse_args()
@@ -94,6 +97,12 @@ class Record(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         with open(log_path, "a") as f:
             f.write(f"{self.epoch} {int(logs['index'])} {float(self.model.optimizer.learning_rate):.8f}\n")
+        if Record.step == args.hold_at and rank == 0 and not os.path.exists(args.marker):
+            with open(args.marker, "w") as f:
+                f.write(str(os.getpid()))
+            deadline = time.monotonic() + 120
+            while not os.path.exists(args.marker + ".go") and time.monotonic() < deadline:
+                time.sleep(0.05)
         if Record.step == args.signal_at and rank == args.signal_rank:
             os.kill(os.getpid(), signal.SIGTERM)  # as if it came during the step just trained
         Record.step += 1

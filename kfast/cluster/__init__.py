@@ -1,0 +1,12 @@
+"""Where the ranks run: the hosts and slots of a Slurm allocation or a host file, and Slurm batch scripts.
+
+`kfast launch` reads these when no `-H` is given: inside a Slurm job it takes the allocation's hosts
+(`allocation()`), with `--hostfile` the file's (`read_hostfile()`, which also reads the MPI Operator's).
+"""
+
+from kfast.cluster.batch_script import batch_script
+from kfast.cluster.hostfile import read_hostfile
+from kfast.cluster.nodelist import expand_counts, expand_nodelist
+from kfast.cluster.slurm import Allocation, allocation, in_allocation
+
+__all__ = ["Allocation", "allocation", "batch_script", "expand_counts", "expand_nodelist", "in_allocation", "read_hostfile"]
