@@ -65,3 +65,30 @@ def test_print_sbatch_writes_a_script_sbatch_reads(tmp_path):
     assert proc.stdout.splitlines()[-1] == f"exec {PY} -m kfast.cli launch tabular --save-freq 500 --resume"
     proc = launch("--print-sbatch", "--nodes", "0", "tabular", cwd=tmp_path)
     assert proc.returncode == 2 and "--nodes 0" in proc.stderr
+
+
+def _readme_launch_lines():
+    """The `kfast launch ...` lines of README's recipe block, without comments and redirections."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
+        readme = f.read()
+    block = readme.split("**3. A recipe.**", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#")[0].split(">")[0].split() for line in block.splitlines() if line.startswith("kfast launch")]
+
+
+@pytest.mark.timeout(300)
+def test_readme_recipe_launch_lines_give_the_commands_they_promise(tmp_path):
+    lines = _readme_launch_lines()
+    assert len(lines) == 3, lines
+    for words in lines:
+        if "--print-sbatch" in words:
+            proc = launch(*words[2:], cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            assert "#SBATCH --nodes=2" in proc.stdout and "#SBATCH --requeue" in proc.stdout, proc.stdout
+            assert proc.stdout.splitlines()[-1].endswith(
+                "launch image-classification --data /shared/my_images --resume"), proc.stdout
+        else:
+            proc = launch("--dry-run", *words[2:], cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            horovodrun = proc.stdout.splitlines()[-1].split()
+            np_, rest = words[words.index("-np") + 1], words[words.index("image-classification"):]
+            assert horovodrun[1:3] == ["-np", np_] and horovodrun[-len(rest):] == rest, proc.stdout

@@ -21,27 +21,32 @@ def _start(tmp_path, *args):
     proc = subprocess.Popen([KFAST, "launch", "-np", "2", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=tmp_path, env={**clean, "TF_CPP_MIN_LOG_LEVEL": "3"},
                             start_new_session=True)
-    err = []
-    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
-    reader.start()
-    return proc, err, reader
+    # Both pipes read by threads of their own: communicate() would read stderr too and take lines from `err`.
+    out, err = [], []
+    readers = [threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True),
+               threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
+    return proc, err, readers
 
 
-def _finish(proc, reader, timeout):
+def _finish(proc, readers, timeout):
     try:
-        out = proc.communicate(timeout=timeout)[0]
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        proc.wait()
         pytest.fail(f"kfast launch still ran after {timeout} s")
-    reader.join(timeout=10)
-    return out
+    for reader in readers:
+        reader.join(timeout=10)
+    proc.stdout.close()
+    proc.stderr.close()
 
 
 @pytest.mark.timeout(240)
 def test_ranks_that_stop_resumably_make_kfast_launch_exit_75(tmp_path):
-    proc, err, reader = _start(tmp_path, SCRIPT, str(tmp_path), "--seed", "3", "--signal-at", "4")
-    _finish(proc, reader, 200)
+    proc, err, readers = _start(tmp_path, SCRIPT, str(tmp_path), "--seed", "3", "--signal-at", "4")
+    _finish(proc, readers, 200)
     assert proc.returncode == 75, "".join(err)[-3000:]
     assert "kfast launch: the ranks stopped with a checkpoint (status 75); run the same command with --resume" \
         in "".join(err)
@@ -52,7 +57,7 @@ def test_ranks_that_stop_resumably_make_kfast_launch_exit_75(tmp_path):
 @pytest.mark.timeout(240)
 def test_a_stop_signal_to_kfast_launch_stops_every_rank_with_a_checkpoint(tmp_path):
     marker = tmp_path / "held"
-    proc, err, reader = _start(tmp_path, "--stop-signal", "SIGUSR1", SCRIPT, str(tmp_path), "--seed", "3",
+    proc, err, readers = _start(tmp_path, "--stop-signal", "SIGUSR1", SCRIPT, str(tmp_path), "--seed", "3",
                                "--hold-at", "12", "--marker", str(marker))
     deadline = time.monotonic() + 150
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -64,7 +69,7 @@ def test_a_stop_signal_to_kfast_launch_stops_every_rank_with_a_checkpoint(tmp_pa
         time.sleep(0.05)
     time.sleep(0.5)  # the ranks' watchers note SIGTERM at once; the held rank then trains on
     (tmp_path / "held.go").touch()
-    _finish(proc, reader, 120)
+    _finish(proc, readers, 120)
     assert proc.returncode == 75, "".join(err)[-3000:]
     # Held after step 12 (the third epoch's third): step 13 carries the note, every rank stops after it.
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["best.keras", "epoch-0002.keras",

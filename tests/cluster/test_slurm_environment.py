@@ -114,3 +114,20 @@ def test_the_batch_script_keeps_the_lines_that_make_requeue_work():
     assert "gpus-per-node" not in script
     with pytest.raises(ValueError, match="--nodes 0"):
         batch_script("tabular", nodes=0)
+
+
+def test_the_slurm_guide_shows_what_kfast_prints():
+    import os
+
+    from helpers import REPO, code_blocks
+
+    with open(os.path.join(REPO, "docs", "slurm.md")) as f:
+        blocks = code_blocks(f.read())
+    shown = next(b["code"] for b in blocks if b["code"].startswith("#!/bin/bash"))
+    assert shown == batch_script("tabular", ["--data", "/shared/train.csv", "--checkpoint-dir", "/shared/ckpt",
+                                             "--save-freq", "500"], nodes=4, ntasks_per_node=4, gpus_per_node=4,
+                                 python="/opt/kfast/bin/python")
+    line = next(b["code"] for b in blocks if b["lang"] == "text" and "Slurm job 4242" in b["code"]).strip()
+    found = cluster.allocation(_job(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu[01-04,07]", SLURM_NTASKS="18",
+                                    SLURM_TASKS_PER_NODE="4(x4),2"))
+    assert line == f"kfast launch: {found.source}: {found.host_list} ({found.np} slot(s))"

@@ -41,9 +41,12 @@ def _daemon(name):
 class Slurm:
     """Slurm across `cluster`'s hosts; see the NOTE at the top of the module."""
 
-    def __init__(self, cluster, kill_wait=5):
+    def __init__(self, cluster, kill_wait=5, cred_expire=10, sched_interval=2):
         self.cluster = cluster
-        self.kill_wait = kill_wait
+        # Slurm's defaults are 30 s, 120 s and 60 s. A requeued job waits cred_expire before it may start
+        # again (its old credentials must expire), then for the scheduler's next pass: 3 minutes of a test's
+        # time with the defaults.
+        self.kill_wait, self.cred_expire, self.sched_interval = kill_wait, cred_expire, sched_interval
         self.daemons = []  # Popen of every daemon started
         self.setup_s = None
 
@@ -69,7 +72,7 @@ SlurmctldHost={first}({c.address[first]})
 SlurmctldPort={SLURMCTLD_PORT}
 SlurmdPort={SLURMD_PORT}
 AuthType=auth/munge
-AuthInfo=socket={SOCKET}
+AuthInfo=socket={SOCKET},cred_expire={self.cred_expire}
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -86,6 +89,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval={self.sched_interval}
 SlurmdParameters=config_overrides
 ReturnToService=2
 AccountingStorageType=accounting_storage/none
