@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import zipfile
 
 import keras
@@ -49,6 +50,15 @@ def horovodrun():
                           timeout=timeout, expect_fail=expect_fail)
 
     return run
+
+
+def wait_for_file(proc, path, timeout):
+    """Waits until `path` exists while `proc` runs; fails with the process's output if it ends first or
+    `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
 
 
 def rank_lines(output, marker):

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import datasets
-from helpers import REPO
+from helpers import REPO, wait_for_file
 from kfast.data import FastLoader
 from kfast.data import WorkerError
 from kfast.data._workers import sweep
@@ -255,10 +255,7 @@ def test_sigterm_during_a_stuck_batch_in_fit_ends_the_process_and_leaves_nothing
     proc = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**ENV, "TMPDIR": str(tmp)})
     try:
-        deadline = time.monotonic() + 90
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_for_file(proc, marker, 90)
         descendants = psutil.Process(proc.pid).children(recursive=True)
         assert _segments(proc.pid) and glob.glob(str(tmp / "pymp-*"))
         time.sleep(0.5)

@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers import REPO
+from helpers import REPO, wait_for_file
 
 SCRIPT = os.path.join(REPO, "tests", "distributed", "preempt_script.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
@@ -118,10 +118,7 @@ def test_sigterm_during_a_stuck_batch_ends_within_the_bound_without_a_checkpoint
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "TMPDIR": str(tmp)},
                             cwd=REPO)
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_for_file(proc, marker, 120)
         descendants = psutil.Process(proc.pid).children(recursive=True)
         before = sorted(os.listdir(tmp_path / "checkpoints")) if (tmp_path / "checkpoints").exists() else []
         time.sleep(0.5)
