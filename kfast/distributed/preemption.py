@@ -4,14 +4,14 @@ within a bound instead.
 
 Spot VMs, Kubernetes and Slurm all announce the end with a signal and a grace period (30 s by default on
 Kubernetes, a chosen signal some seconds or minutes ahead on Slurm, about 30 s to 2 min on spot VMs). The
-signal may reach one rank and not another, and ranks notice it at different moments: each rank notes it,
-and at every step's end all ranks add up their notes in one allreduce (every rank issues it at every step,
-so none waits in a collective its peer never issues). A non-zero sum stops all of them after that same
-step. The note is taken by the loaders' signal watcher (`kfast.data._workers.interrupt`) the moment the
-signal arrives, from a thread of its own (with a `kfast.DistributedOptimizer` the notes ride inside
-the gradients' own allreduce, which every rank issues at every step anyway): when the main thread is stuck (a batch that never comes, a peer
-gone), a timer started then ends the process after `timeout` seconds, with the loaders closed and no
-half-written checkpoint, and says so.
+signal may reach one rank and not another, and ranks notice it at different moments, so the ranks agree
+between steps (`PreemptionWatch.agree`): with a `kfast.DistributedOptimizer` each rank's note rides inside
+the gradients' allreduce, which every rank issues at every step anyway (no collective of its own, one step
+later); with any other optimizer the notes are summed in one allreduce per step. A non-zero sum stops every
+rank after that same step. The note is taken by the loaders' signal watcher
+(`kfast.data._workers.interrupt`) the moment the signal arrives, from a thread of its own: when the main
+thread is stuck (a batch that never comes, a peer gone), a timer started then ends the process after
+`timeout` seconds, with the loaders closed and no half-written checkpoint, and says so.
 """
 
 from __future__ import annotations
