@@ -65,11 +65,13 @@ def _finished(cluster, job_id, timeout, states=("COMPLETED",)):
 
 
 def _leftovers(cluster, name):
-    """What runs on host `name` but the harness's and Slurm's daemons, and its /dev/shm and /tmp/pymp-*."""
+    """What runs on host `name` but the harness's and Slurm's daemons, and its kfast segments and /tmp/pymp-*."""
     daemons = {p.pid for p in cluster.slurm.daemons}
     procs = {pid: cmd for pid, cmd in cluster.processes(name).items()
              if pid not in daemons and cmd != "slurmctld: slurmscriptd"}  # slurmctld's own helper
-    files = cluster.run(name, ["sh", "-c", "ls -A /dev/shm; ls -d /tmp/pymp-* 2>/dev/null; true"], timeout=20)
+    # kfast's own segments only (kfast_*): horovodrun leaves its multiprocessing semaphores (sem.mp-*) when
+    # Slurm kills it before its exit handlers run; they are Horovod's, not kfast's.
+    files = cluster.run(name, ["sh", "-c", "ls -d /dev/shm/kfast_* /tmp/pymp-* 2>/dev/null; true"], timeout=20)
     return procs, files.stdout.split()
 
 
