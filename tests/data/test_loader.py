@@ -38,9 +38,11 @@ def _workers(process=None):
     return found
 
 
-def _shm_segments():
-    """This test process's loader segments (named after it), so other jobs on the machine do not count."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"kfast_{os.getpid()}_")}
+def _shm_segments(pid=None):
+    """The loader segments of process `pid` (this one by default), named after it, so other jobs on the
+    machine do not count."""
+    pid = os.getpid() if pid is None else pid
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"kfast_{pid}_")}
 
 
 @pytest.mark.parametrize("use_multiprocessing", MODES)
@@ -260,8 +262,7 @@ def _interrupt_and_check(proc):
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     gone, alive = psutil.wait_procs(descendants, timeout=10)
     assert not alive, alive
-    # The segments are the training process's own, named after its pid (not this test process's).
-    assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"kfast_{proc.pid}_")]
+    assert not _shm_segments(proc.pid)  # the training process's own segments, not this test process's
 
 
 def test_batches_kept_by_the_caller_are_never_overwritten():

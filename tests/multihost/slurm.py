@@ -45,9 +45,8 @@ class Slurm:
         self.cluster = cluster
         # Slurm's defaults are 30 s, 120 s and 60 s. A requeued job waits cred_expire before it may start
         # again (its old credentials must expire), then for the scheduler's next pass: 3 minutes of a test's
-        # time with the defaults. KillWait stays Slurm's: with 5 s, a loaded CI machine saw scancel's SIGKILL
-        # reach horovodrun (and its multiprocessing resource tracker) while the ranks were still stopping,
-        # leaving horovodrun's semaphores (sem.mp-*) in /dev/shm. The scancel test bounds the stop itself.
+        # time with the defaults. KillWait is Slurm's default: users' jobs get 30 s to stop before SIGKILL,
+        # and the scancel test bounds the stop itself.
         self.kill_wait, self.cred_expire, self.sched_interval = kill_wait, cred_expire, sched_interval
         self.daemons = []  # Popen of every daemon started
         self.setup_s = None
