@@ -41,7 +41,7 @@ from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
 import kfast.data  # noqa: E402
 from kfast.data import FastLoader  # noqa: E402
-from kfast.data._workers import pool  # noqa: E402
+from kfast.data._workers import processes  # noqa: E402
 
 BATCH = 64
 IMAGE_SHAPE = (224, 224, 3)
@@ -733,7 +733,7 @@ def main():
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     fingerprint = library_fingerprint()
     print(f"keras {keras.__version__}, numpy {np.__version__}, batch size {BATCH}; kfast.data sources "
-          f"{fingerprint}, worker start method {getattr(pool, '_START_METHOD', 'unknown')}\n")
+          f"{fingerprint}, worker start method {processes.START_METHOD}\n")
 
     gate = QuietGate(args.quiet_budget, args.attempts)
     results = {}

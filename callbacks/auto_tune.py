@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kfast._core import topology
 from kfast._core.checks import check_number
 from kfast._core.epoch_clock import EpochClock
 from kfast._core.messages import print_msg
-
-from kfast.distributed import _horovod as distributed
 from kfast.tuning.search import tune
 
 # The tuning function, a module attribute so tests can script results without touching the signature.
@@ -57,7 +56,7 @@ class AutoTune(EpochClock):
         self.loader.configure(**result.settings)
         after = self.loader.settings
         self.changes.append({"reason": reason, "before": before, "after": after})
-        if self.verbose and distributed.is_chief():
+        if self.verbose and topology.is_chief():
             print_msg(f"\nkfast AutoTune ({reason}): {before} -> {after}, {result.batches_per_s:.1f} batches/s")
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:

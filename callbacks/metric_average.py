@@ -8,7 +8,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from kfast.distributed import _horovod as distributed
+from kfast.distributed import _horovod
 from kfast.distributed.metric_state import sum_metric_states
 
 
@@ -65,9 +65,9 @@ class MetricAverage(keras.callbacks.Callback):
         # A standalone evaluate's params count its own steps; fit's validation is settled in on_test_end.
         steps = None if self._in_fit else self.params.get("steps")
         self._last_step = steps - 1 if steps else None
-        if not self._in_fit and steps is None and distributed.size() > 1:
+        if not self._in_fit and steps is None and _horovod.size() > 1:
             warnings.warn("MetricAverage cannot tell when this evaluate ends (the data has no length Keras knows), so "
-                          f"it returns rank {distributed.rank()}'s own metrics; give the data a length (a PyDataset, or "
+                          f"it returns rank {_horovod.rank()}'s own metrics; give the data a length (a PyDataset, or "
                           "tf.data with a known cardinality) or pass steps=.", stacklevel=2)
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -76,17 +76,17 @@ class MetricAverage(keras.callbacks.Callback):
             sum_metric_states(self.model)
 
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._in_fit and distributed.size() > 1:
+        if self._in_fit and _horovod.size() > 1:
             sum_metric_states(self.model)
             results = self.model.get_metrics_result()
             self._validation = {f"val_{k}": float(keras.ops.convert_to_numpy(v)) for k, v in results.items()
                                 if np.ndim(keras.ops.convert_to_numpy(v)) == 0}
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs is None or distributed.size() == 1:
+        if logs is None or _horovod.size() == 1:
             return
         # Validation values come from the summed states (on_test_end); the rest is averaged over ranks.
         names = [k for k in _numeric(logs) if k not in self._validation]
         if names:
-            logs.update(zip(names, distributed.allreduce_mean_values([float(logs[k]) for k in names])))
+            logs.update(zip(names, _horovod.allreduce_mean_values([float(logs[k]) for k in names])))
         logs.update({k: v for k, v in self._validation.items() if k in logs})

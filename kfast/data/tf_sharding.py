@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from kfast._core import topology
 from kfast.data._shard_checks import check_enough
 from kfast.data._shard_checks import check_shard
-from kfast.distributed import _horovod as distributed
+from kfast.distributed import _horovod
 
 
 def _count(dataset: Any, start: int) -> int:
@@ -49,9 +50,9 @@ def _labels_fingerprint(dataset: Any) -> str | None:
 
 
 def _check_same_order(dataset: Any, check_order: bool) -> None:
-    if not (check_order and distributed.is_initialized() and distributed.size() > 1):
+    if not (check_order and topology.size() > 1):
         return
-    prints = distributed.allgather_object(_labels_fingerprint(dataset))
+    prints = _horovod.allgather_object(_labels_fingerprint(dataset))
     if len(set(prints)) > 1:
         differ = [r for r, p in enumerate(prints) if p != prints[0]]
         raise ValueError(

@@ -1,8 +1,9 @@
-"""Horovod for kfast: process topology and collectives. It imports nothing else of kfast.
+"""Horovod for kfast: its start-up and collectives. It imports only `kfast._core.topology` of kfast.
 
-This is the only kfast module that imports Horovod. Everything else asks it for `rank()`, `size()`,
-`is_chief()` and calls its collectives, so the rest of kfast runs unchanged as a single process when
-Horovod is absent or the script was not started by `horovodrun`.
+This is the only kfast module that imports Horovod. `init()` starts it and makes Horovod's topology the
+current one in `kfast._core.topology`, which owns rank and size: code that only needs those reads them
+there, and code that needs a collective calls this module's. So the rest of kfast runs unchanged as a
+single process when Horovod is absent or the script was not started by `horovodrun`.
 
 kfast uses the collectives of `horovod.tensorflow` (allreduce, broadcast) directly: Horovod's own Keras
 layer (`horovod.tensorflow.keras`) does not work with Keras 3.
@@ -17,6 +18,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kfast._core import topology
 
 _INSTALL_HINT = (
     "install Horovod built for your TensorFlow with `bash scripts/install_horovod.sh` "
@@ -26,21 +28,29 @@ _hvd: Any = None  # horovod.tensorflow, once init() ran with Horovod present
 _initialised = False
 
 
-class _SingleProcess:
-    """One process (no Horovod, or a job of one rank): rank 0 of 1, and every collective the identity, as
-    Lightning's `SingleDeviceCollective`, so callers never branch on "is this distributed"."""
+class _HorovodTopology:
+    """Horovod's rank and size (a `kfast._core.topology.Topology`), asked live: an elastic job's change
+    when its ring re-forms."""
+
+    def __init__(self, hvd: Any) -> None:
+        self.hvd = hvd
 
     def rank(self) -> int:
-        return 0
+        return int(self.hvd.rank())
 
     def size(self) -> int:
-        return 1
+        return int(self.hvd.size())
 
     def local_rank(self) -> int:
-        return 0
+        return int(self.hvd.local_rank())
 
     def local_size(self) -> int:
-        return 1
+        return int(self.hvd.local_size())
+
+
+class _SingleProcess:
+    """One process (no Horovod, or a job of one rank): every collective the identity, as Lightning's
+    `SingleDeviceCollective`, so callers never branch on "is this distributed"."""
 
     def allreduce_average(self, tensors: Sequence[Any], name: str | None) -> list[Any]:
         return list(tensors)
@@ -66,18 +76,6 @@ class _Ring(_SingleProcess):
 
     def __init__(self, hvd: Any) -> None:
         self.hvd = hvd
-
-    def rank(self) -> int:
-        return int(self.hvd.rank())
-
-    def size(self) -> int:
-        return int(self.hvd.size())
-
-    def local_rank(self) -> int:
-        return int(self.hvd.local_rank())
-
-    def local_size(self) -> int:
-        return int(self.hvd.local_size())
 
     def allreduce_average(self, tensors: Sequence[Any], name: str | None) -> list[Any]:
         present = [i for i, t in enumerate(tensors) if t is not None]
@@ -113,9 +111,9 @@ class _Ring(_SingleProcess):
 _ALONE = _SingleProcess()
 
 
-def _topology() -> _SingleProcess:
-    """The job as it is now: an elastic job may shrink to one rank or grow from it, so this is asked each
-    time, not cached."""
+def _collectives() -> _SingleProcess:
+    """The collectives for the job as it is now: an elastic job may shrink to one rank or grow from it, so
+    this is asked each time, not cached."""
     _require_init()
     if _hvd is None or _hvd.size() == 1:
         return _ALONE
@@ -203,6 +201,7 @@ def init() -> None:
     hvd.init()
     _pin_gpu(hvd.local_rank(), hvd.local_size())
     _hvd = hvd
+    topology.set_current(_HorovodTopology(hvd))
     _initialised = True
 
 
@@ -261,22 +260,26 @@ def _require_init() -> None:
 
 def rank() -> int:
     """Returns this process's global rank (0 when not distributed)."""
-    return _topology().rank()
+    _require_init()
+    return topology.rank()
 
 
 def size() -> int:
     """Returns the number of processes in the job (1 when not distributed)."""
-    return _topology().size()
+    _require_init()
+    return topology.size()
 
 
 def local_rank() -> int:
     """Returns this process's rank on its host (0 when not distributed)."""
-    return _topology().local_rank()
+    _require_init()
+    return topology.local_rank()
 
 
 def local_size() -> int:
     """Returns the number of processes on this host (1 when not distributed)."""
-    return _topology().local_size()
+    _require_init()
+    return topology.local_size()
 
 
 def is_chief() -> bool:
@@ -297,7 +300,7 @@ def allreduce_average(tensors: Sequence[Any], name: str | None = None) -> list[A
     Returns:
         A list of averaged tensors, in the input's order.
     """
-    return _topology().allreduce_average(tensors, name)
+    return _collectives().allreduce_average(tensors, name)
 
 
 def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
@@ -309,17 +312,17 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
         variables: iterable of Keras or TensorFlow variables, the same list on every rank.
         root_rank: the rank whose values win. Defaults to `0`.
     """
-    _topology().broadcast_variables(variables, root_rank)
+    _collectives().broadcast_variables(variables, root_rank)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
     """Returns root_rank's `obj` on every rank (any picklable object)."""
-    return _topology().broadcast_object(obj, root_rank)
+    return _collectives().broadcast_object(obj, root_rank)
 
 
 def allgather_object(obj: Any) -> list[Any]:
     """Returns the list of every rank's `obj`, indexed by rank (any picklable object)."""
-    return _topology().allgather_object(obj)
+    return _collectives().allgather_object(obj)
 
 
 def is_initialized() -> bool:
@@ -329,12 +332,12 @@ def is_initialized() -> bool:
 
 def allreduce_mean_values(values: Sequence[float]) -> list[float]:
     """Returns the element-wise mean over ranks of a list of Python floats (float64, exact order)."""
-    return _topology().allreduce_mean_values(values)
+    return _collectives().allreduce_mean_values(values)
 
 
 def allreduce_sum_values(values: Sequence[float]) -> list[float]:
     """Returns the element-wise sum over ranks of a list of Python floats (float64, exact order)."""
-    return _topology().allreduce_sum_values(values)
+    return _collectives().allreduce_sum_values(values)
 
 
 def verbose(level: int | str = "auto") -> int | str:

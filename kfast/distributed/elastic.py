@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from kfast.distributed import _horovod as distributed
+from kfast.distributed import _horovod
 from kfast.distributed import checkpoint
 
 if TYPE_CHECKING:
@@ -80,8 +80,8 @@ class ElasticState:
 
     def sync(self) -> None:
         """Every rank takes rank 0's weights, optimizer state, epoch and position; then commits them."""
-        distributed.broadcast_variables(self._variables(), root_rank=0)
-        meta = distributed.broadcast_object((self.epoch, self.position, dict(checkpoint.training_state(self.model))))
+        _horovod.broadcast_variables(self._variables(), root_rank=0)
+        meta = _horovod.broadcast_object((self.epoch, self.position, dict(checkpoint.training_state(self.model))))
         self.epoch, self.position = meta[0], meta[1]
         checkpoint.training_state(self.model).clear()
         checkpoint.training_state(self.model).update(meta[2])
@@ -100,14 +100,14 @@ class ElasticState:
 
     def check_host_updates(self) -> None:
         """Raises `HostsUpdatedInterrupt` on every rank at once when the driver announced new hosts."""
-        _, _, interrupt, update_result = distributed.elastic_api()
+        _, _, interrupt, update_result = _horovod.elastic_api()
         newest, update = self._last_update, update_result.no_update
         while not self._messages.empty():
             timestamp, result = self._messages.get()
             if timestamp > newest:
                 newest, update = timestamp, update | result
         # Rank 0's view decides, so that all ranks raise at the same commit.
-        previous, self._last_update, update = distributed.broadcast_object((self._last_update, newest, update))
+        previous, self._last_update, update = _horovod.broadcast_object((self._last_update, newest, update))
         if self._last_update > previous:
             raise interrupt(update == update_result.removed)
 
@@ -126,13 +126,13 @@ def run(state: ElasticState, train: Callable[[ElasticState], _T]) -> _T:
     Returns:
         What `train` returned.
     """
-    manager, lost, interrupt, _ = distributed.elastic_api()
+    manager, lost, interrupt, _ = _horovod.elastic_api()
     manager.init()
     manager.register_listener(state)
     skip_sync = False
     try:
         while True:
-            size_before = distributed.size()
+            size_before = _horovod.size()
             try:
                 if not skip_sync:
                     state.sync()
@@ -144,9 +144,9 @@ def run(state: ElasticState, train: Callable[[ElasticState], _T]) -> _T:
                     raise
                 state.restore()
                 skip_sync, reason = False, f"lost a rank ({type(e).__name__})"
-            distributed.restart()
+            _horovod.restart()
             state.on_reset()
             state.resets.append({"epoch": state.epoch, "position": state.position, "size_before": size_before,
-                                 "size_after": distributed.size(), "reason": reason})
+                                 "size_after": _horovod.size(), "reason": reason})
     finally:
         manager.remove_listener(state)

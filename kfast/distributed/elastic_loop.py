@@ -7,8 +7,9 @@ from typing import Any
 import keras
 
 from kfast._core.checks import check_int
+from kfast.data.loader import FastLoader
 from kfast.data.sharding import ShardedDataset
-from kfast.distributed import _horovod as distributed
+from kfast.distributed import _horovod
 from kfast.distributed import elastic
 
 
@@ -90,8 +91,6 @@ def elastic_fit(model: keras.Model, dataset: Any, *, epochs: int, validation_dat
     >>> state.epoch, state.resets
     (2, [])
     """
-    from kfast.data.loader import FastLoader  # the loader imports kfast.distributed: not at module level
-
     check_int("elastic_fit", "epochs", epochs)
     check_int("elastic_fit", "commit_every", commit_every, hint="steps between in-memory commits")
     callbacks = list(callbacks or [])
@@ -108,18 +107,18 @@ def elastic_fit(model: keras.Model, dataset: Any, *, epochs: int, validation_dat
                               max_queue_size=max_queue_size, shuffle=False)
 
         while state.epoch < epochs:
-            size = distributed.size()
+            size = _horovod.size()
             if len(dataset) - state.position < size:  # fewer batches left than ranks: the epoch is done
                 state.epoch, state.position = state.epoch + 1, 0
                 state.commit()
                 continue
-            shard = _EpochShard(dataset, state.epoch, distributed.rank(), size, state.position)
+            shard = _EpochShard(dataset, state.epoch, _horovod.rank(), size, state.position)
             # Validation is split over this epoch's ranks too (FastLoader shards by the current size).
             val = loader_of(validation_data) if validation_data is not None else None
             try:
                 with loader_of(shard) as loader:
                     model.fit(loader, validation_data=val, initial_epoch=state.epoch, epochs=state.epoch + 1,
-                              verbose=distributed.verbose() if verbose is None else verbose,
+                              verbose=_horovod.verbose() if verbose is None else verbose,
                               callbacks=[_Commit(state, commit_every, size, len(loader)), *callbacks])
             finally:
                 if val is not None:

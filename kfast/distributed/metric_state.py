@@ -13,7 +13,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from kfast.distributed import _horovod as distributed
+from kfast.distributed import _horovod
 
 
 def sum_metric_states(model: keras.Model) -> None:
@@ -34,13 +34,13 @@ def sum_metric_states(model: keras.Model) -> None:
     >>> {k: float(v) for k, v in model.get_metrics_result().items()} == before
     True
     """
-    if distributed.size() == 1:
+    if _horovod.size() == 1:
         return
     variables = [v for metric in model.metrics for v in metric.variables]
     if not variables:
         return
     values = [np.asarray(keras.ops.convert_to_numpy(v), dtype=np.float64) for v in variables]
-    total = np.asarray(distributed.allreduce_sum_values(np.concatenate([v.ravel() for v in values]).tolist()))
+    total = np.asarray(_horovod.allreduce_sum_values(np.concatenate([v.ravel() for v in values]).tolist()))
     at = 0
     for v, value in zip(variables, values):
         v.assign(total[at:at + value.size].reshape(value.shape).astype(v.dtype))

@@ -1,55 +1,43 @@
-"""FastLoader's worker processes.
+"""FastLoader's worker processes: the pool, which keeps the books of tasks, replies and slots.
 
-Both pools (this one, and the threads in `_threads`) take tasks `submit(seq, index, epoch)` and hand back
+Both pools (this one, and the threads in `threads`) take tasks `submit(seq, index, epoch)` and hand back
 `result(seq)` in any order the caller asks; the loader decides the order and bounds the tasks in flight.
+Here: which worker has which task, which slot each task was lent, the replies, and what a dead worker
+was doing. `processes` starts the workers, stops them and reads their stacks; `ring` is the shared memory.
 
 NOTE [Who owns what, and the shutdown order]
 - The training process owns the pool: the worker processes, one duplex pipe and one stack pipe per
   worker, and the shared-memory ring (`_ring.Ring`). Workers fork from multiprocessing's fork server, a
   clean interpreter that preloaded `kfast.data._workers.worker` (numpy only) and the module of what the workers
-  load (the dataset, or its lighter `worker_dataset()`, see `_worker_form`), never from the training process.
-- `close()` (also run by a finalizer at exit or when the pool is garbage-collected) sends every worker
-  `Stop`, waits up to a second for all of them together, kills those still busy (a stuck `__getitem__`),
-  closes the pipes and unlinks the segment; batches already handed out keep their mapping until freed.
+  load (the dataset, or its lighter `worker_dataset()`, see `worker_form`), never from the training process.
+- `close()` (also run by a finalizer at exit or when the pool is garbage-collected) runs
+  `processes.shutdown`: it sends every worker `Stop`, waits up to a second for all of them together, kills
+  those still busy (a stuck `__getitem__`), closes the pipes and unlinks the segment; batches already
+  handed out keep their mapping until freed.
 - If the training process dies without closing (SIGKILL, or a signal with no handler), every worker's
   lifeline pipe (whose only write end the training process held) reads end-of-file and the worker exits,
   stuck or not; the fork server, whose last user is then gone, exits and removes multiprocessing's
-  temporary directory (`_janitor`); the resource tracker, whose pipe then closes, unlinks the segments
+  temporary directory (`janitor`); the resource tracker, whose pipe then closes, unlinks the segments
   the training process registered.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import multiprocessing
-import os
 import selectors
-import signal
-import sys
 import time
 import warnings
 import weakref
 from typing import Any
 
-import cloudpickle
-
+from kfast.data import structure
 from kfast.data._workers import interrupt
 from kfast.data._workers import messages
+from kfast.data._workers import processes
 from kfast.data._workers import ring as _ring
-from kfast.data._workers import server_env
 from kfast.data._workers import signals
 from kfast.data._workers import sweep
-from kfast.data._workers import worker
-from kfast.data import structure
 from kfast.data._workers.worker_form import worker_form
-from kfast.data.sharding import ShardedDataset
 
-# Workers never fork from the training process: forking a parent whose TensorFlow (or JAX) runtime
-# already started threads can deadlock the child. They fork from a fork server instead, a fresh
-# interpreter that imported the worker loop and the dataset's module once (importing a module that
-# imports Keras costs seconds per worker otherwise), and that never runs framework ops.
-_START_METHOD = "forkserver"
 # Seconds without a batch before a warning says which worker is stuck where (again every period after).
 _STALL_WARNING_S = 60.0
 _POLL_S = 0.25  # how often a wait looks at Ctrl-C, the timeout and the stall warning
@@ -72,110 +60,6 @@ def raise_failure(error, facts):
         raise WorkerError(facts)
     error.add_note(facts)
     raise error
-
-
-def dumps(dataset):
-    """Pickles `dataset` for the workers. Classes that cannot be imported by name (defined in `__main__`,
-    a notebook cell or stdin) travel by value (cloudpickle), so any dataset works in worker processes."""
-    return cloudpickle.dumps(dataset, protocol=5)
-
-
-def _context(dataset):
-    ctx = multiprocessing.get_context(_START_METHOD)
-    # A shard's wrapped dataset is imported too (FastLoader shards every dataset under Horovod).
-    parts = [dataset, dataset.dataset] if isinstance(dataset, ShardedDataset) else [dataset]
-    modules = [type(part).__module__ for part in parts]
-    preload = ["kfast.data._workers.server_path", "kfast.data._workers.janitor", "kfast.data._workers.worker"] + [
-        module for module in dict.fromkeys(modules) if module not in ("__main__", "builtins")]
-    # Only the first call before the server starts takes effect; later datasets import in the child.
-    ctx.set_forkserver_preload(preload)
-    return ctx
-
-
-@contextlib.contextmanager
-def _server_environment():
-    """Tells a fork server started meanwhile what its preloads need: the temporary directory to remove when
-    it exits (see the NOTE above) and this process's sys.path (see _server_path).
-
-    Set only while processes start: other programs this process runs later must not inherit them (a
-    Python child that imported `kfast.data._workers.server_path` would take on this process's path).
-    """
-    temp_dir = multiprocessing.util.get_temp_dir()
-    sweep.mark(temp_dir)  # so that a later loader can remove it if this whole process group is killed
-    values = {server_env.TEMP_DIR_VARIABLE: temp_dir, server_env.PATH_VARIABLE: json.dumps(sys.path)}
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextlib.contextmanager
-def _main_hidden():
-    """Starts processes that do not run the training script again.
-
-    multiprocessing makes each child import the parent's `__main__` (so that classes defined there
-    unpickle). A script without an `if __name__ == "__main__":` guard then runs again in every worker;
-    under horovodrun that means a second `hvd.init()` in the worker, which aborts it. Datasets travel by
-    value when their class lives in `__main__`, so workers never need the script: it is hidden while they
-    start.
-    """
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    saved: dict[str, Any] = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.update(saved)
-
-
-def _shutdown(processes, conns, state):
-    if "selector" in state:
-        state.pop("selector").close()
-    for conn in conns:
-        try:
-            conn.send(messages.Stop())
-        except (OSError, ValueError):
-            pass
-    deadline = time.monotonic() + 1.0
-    for p in processes:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in processes:
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=2)
-    for conn in conns + state["stacks"]:
-        conn.close()
-    if "lifeline" in state:
-        state.pop("lifeline").close()
-    for ring in state["rings"]:
-        ring.release()
-    state["rings"].clear()
-
-
-def read_stack(pid, stack_conn, wait_s=1.0):
-    """The Python stack of worker `pid` (faulthandler's dump on SIGUSR1), or a note why there is none."""
-    try:
-        os.kill(pid, signal.SIGUSR1)
-    except OSError as e:
-        return f"(no stack: {e})"
-    chunks, deadline = [], time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if stack_conn.poll(0.05):
-            chunks.append(os.read(stack_conn.fileno(), 65536))
-        elif chunks:
-            break
-    text = b"".join(chunks).decode(errors="replace").strip()
-    return text or "(no stack arrived)"
 
 
 class Waiter:
@@ -218,7 +102,7 @@ class ProcessPool:
     def __init__(self, dataset, workers, slots, name, seed=0, timeout=None):
         dataset = worker_form(dataset)  # what the workers load: the dataset, or its lighter worker_dataset()
         try:
-            payload = dumps(dataset)
+            payload = processes.dumps(dataset)
         except Exception as e:  # noqa: BLE001 - pickling can raise almost anything
             raise TypeError(
                 f"FastLoader(use_multiprocessing=True) must send {name} to worker processes, but it cannot be "
@@ -231,23 +115,16 @@ class ProcessPool:
         self._ring = None
         ring = self._ring_message()
         self._busy: dict[int, tuple[Any, int]] = {}  # seq -> (ring, slot) for tasks in flight that were lent a slot
-        ctx = _context(dataset)
+        ctx = processes.context(dataset)
         self._processes: list[Any] = []
         self._conns: list[Any] = []
         self._stacks: list[Any] = self._state["stacks"]
         lifeline_read, self._state["lifeline"] = ctx.Pipe(duplex=False)
-        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._conns, self._state)
+        self._finalizer = weakref.finalize(self, processes.shutdown, self._processes, self._conns, self._state)
         for i in range(workers):
-            parent_end, child_end = ctx.Pipe(duplex=True)
-            stack_read, stack_write = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=worker.run, name=f"kfast-loader-{i}", daemon=True,
-                            args=(child_end, lifeline_read, stack_write, payload, ring, seed, i))
-            with _main_hidden(), _server_environment():
-                p.start()
-            child_end.close()  # so a dead worker reads as EOF here, not as silence
-            stack_write.close()
+            p, conn, stack_read = processes.start(ctx, i, lifeline_read, payload, ring, seed)
             self._processes.append(p)
-            self._conns.append(parent_end)
+            self._conns.append(conn)
             self._stacks.append(stack_read)
         lifeline_read.close()
         # One selector for the pool's life: building one for every wait cost more than the wait itself.
@@ -310,7 +187,7 @@ class ProcessPool:
             self._raise_dead(w)  # killed (SIGKILL, out of memory) since its last reply
 
     def update_dataset(self, dataset):
-        payload = dumps(worker_form(dataset))
+        payload = processes.dumps(worker_form(dataset))
         for w in range(len(self._conns)):
             self._send(w, messages.NewDataset(payload))
 
@@ -319,7 +196,7 @@ class ProcessPool:
             if seq in pending:
                 pid = self._processes[w].pid
                 return (f"batch index {pending[seq]} from worker {w} (pid {pid}); its stack:\n"
-                        f"{read_stack(pid, self._stacks[w])}\n")
+                        f"{processes.read_stack(pid, self._stacks[w])}\n")
         return f"batch {seq}."
 
     def result(self, seq, interrupt_mark):
