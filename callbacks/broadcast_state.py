@@ -8,8 +8,7 @@ from typing import Any
 import keras
 
 from kfast._core.checks import check_int
-from kfast.data import position as data_position
-from kfast.distributed import _horovod as distributed
+from kfast.distributed import _horovod
 from kfast.distributed.steps import check_equal_steps
 
 
@@ -48,14 +47,14 @@ class BroadcastState(keras.callbacks.Callback):
         self._warned = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if distributed.size() == 1:
+        if _horovod.size() == 1:
             return
         check_equal_steps(self.params.get("steps"))
         if self.model.jit_compile:
             self.model.jit_compile = False
             self.model.make_train_function(force=True)
             self.model.make_test_function(force=True)
-            if not self._warned and distributed.is_chief():
+            if not self._warned and _horovod.is_chief():
                 warnings.warn("kfast turned XLA off for this model (jit_compile=False): Horovod's collectives "
                               "cannot run inside XLA. Pass jit_compile=False to compile() to silence this.",
                               stacklevel=2)
@@ -70,13 +69,9 @@ class BroadcastState(keras.callbacks.Callback):
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         state = list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
-        distributed.broadcast_variables(state, root_rank=self.root_rank)
-
-    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        data_position.expect(self.model)  # the FastLoader that begins this epoch next is the training one
+        _horovod.broadcast_variables(state, root_rank=self.root_rank)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        data_position.close_window()
         if getattr(self, "_pending", False):
             self._pending = False
             self._broadcast()

@@ -6,11 +6,10 @@ from typing import Any
 
 import keras
 from kfast._core.checks import check_number
+from kfast._core import topology
 from kfast._core.messages import print_msg
 
-from kfast.data import position as data_position
 from kfast.distributed import checkpoint
-from kfast.distributed import _horovod as distributed
 
 _STATE_KEY = "base_learning_rate"
 
@@ -83,7 +82,7 @@ class LearningRateWarmup(keras.callbacks.Callback):
         else:
             self._base = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
         state[_STATE_KEY] = self._base
-        self._multiplier = self.multiplier or distributed.size()
+        self._multiplier = self.multiplier or topology.size()
         self._steps = self.steps_per_epoch or self.params.get("steps")
         if not self._steps:
             raise ValueError("LearningRateWarmup needs the number of batches per epoch; pass steps_per_epoch=.")
@@ -101,7 +100,6 @@ class LearningRateWarmup(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
-        data_position.expect(self.model)
         if not self._in_warmup(epoch):
             # Once per epoch after the warm-up: also right after a resume, and from the start when warmup_epochs=0.
             self.model.optimizer.learning_rate = self.rate_at(epoch, 0)
@@ -110,12 +108,12 @@ class LearningRateWarmup(keras.callbacks.Callback):
         # Per batch on purpose: a per-epoch jump of N x is what the gradual warm-up exists to avoid.
         if self._in_warmup(self._epoch):
             # Inside an epoch resumed from a checkpoint, its batches trained before count too.
-            offset = data_position.epoch_offset(self.model)
+            offset = checkpoint.epoch_offset(self.model)
             self.model.optimizer.learning_rate = self.rate_at(self._epoch, offset + batch)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
         if logs is not None:
             logs["learning_rate"] = lr
-        if self.verbose and distributed.is_chief():
+        if self.verbose and topology.is_chief():
             print_msg(f"\nEpoch {epoch + 1}: learning rate {lr:.6g}")

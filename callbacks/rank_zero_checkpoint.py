@@ -15,10 +15,9 @@ import keras
 from kfast._core.checks import check_int, check_number
 from kfast._core.messages import print_msg
 
-from kfast.data import position as data_position
 from kfast.distributed import _checkpoint_files as files
 from kfast.distributed import checkpoint
-from kfast.distributed import _horovod as distributed
+from kfast.distributed import _horovod
 from kfast.distributed import preemption
 from kfast.distributed._checkpoint_files import Position
 from kfast.distributed._checkpoint_paths import FileNames, checked_directory
@@ -80,6 +79,10 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         preemption_timeout: seconds from the signal for the current step to finish; past them (a stuck
             batch, a dead peer) the process ends at once, without a step checkpoint, with status 128 + the
             signal, and says so. Keep it under the grace period. Defaults to `20`.
+        loader: the `kfast.data.FastLoader` that `fit` trains on: each checkpoint records where it stood
+            (`state_dict()`, every rank's), so that `kfast.distributed.restore(model, directory, loader=loader)`
+            resumes inside an epoch exactly. Without it, a checkpoint saved inside an epoch resumes at that
+            epoch's first batch. Defaults to `None`.
 
     Raises:
         ValueError: for bad arguments; when training begins, for a directory that cannot be written, or
@@ -109,7 +112,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
                  keep: int = 3, verbose: int = 0, initial_value_threshold: float | None = None, *,
                  filename: str | None = None, save_weights_only: bool = False, save_freq: str | int = "epoch",
                  preemption_signals: tuple[str | int, ...] | None = ("SIGTERM",),
-                 preemption_timeout: float = 20.0) -> None:
+                 preemption_timeout: float = 20.0, loader: Any = None) -> None:
         super().__init__()
         self.directory = checked_directory("RankZeroCheckpoint", "directory", directory,
                                            "RankZeroCheckpoint('checkpoints')")
@@ -133,6 +136,10 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         if save_freq != "epoch":
             check_int("RankZeroCheckpoint", "save_freq", save_freq, hint="or 'epoch'; an int N saves every N "
                       "training batches")
+        if loader is not None and not callable(getattr(loader, "state_dict", None)):
+            raise ValueError(f"RankZeroCheckpoint got loader={type(loader).__name__}; pass the kfast.data.FastLoader "
+                             "that fit trains on (its position goes into each checkpoint), or leave loader out.")
+        self.loader = loader
         self._signums = preemption.signal_numbers("RankZeroCheckpoint", preemption_signals)
         check_number("RankZeroCheckpoint", "preemption_timeout", preemption_timeout, above=0, unit="seconds")
         self._names = FileNames(filename, save_weights_only, per_batch=save_freq != "epoch")
@@ -155,9 +162,9 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._warned_missing = False
-        problem = self._check_writable() if distributed.is_chief() else None
+        problem = self._check_writable() if _horovod.is_chief() else None
         # All ranks raise together: a rank left alone would wait in the first collective for ever.
-        problem = distributed.broadcast_object(problem, root_rank=0)
+        problem = _horovod.broadcast_object(problem, root_rank=0)
         if problem:
             raise ValueError(problem)
         point = checkpoint.restore_point(self.model)
@@ -167,8 +174,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self._mode = self.mode if self.mode != "auto" or not self.monitor else None
         self._resolved = False
         self._epoch, self._since_save, self._last_batch = 0, 0, None
-        self._data = DataState(self.model, point)
-        self._data.prepare()
+        self._data = DataState(self.model, point, self.loader)
         self._epoch_saved: str | None = None  # the checkpoint of the epoch just ended, until the next one ends
         self._batch_saved: tuple[int, int, str] | None = None  # (epoch, batch, path) of the last save_freq save
         self._resolve(required=False)
@@ -185,7 +191,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
             self._watch = None
 
     def _remove_own_partial(self) -> None:
-        if distributed.is_chief():
+        if _horovod.is_chief():
             files.remove_partial(self.directory, pid=os.getpid())
 
     def _resolve(self, required: bool) -> None:
@@ -230,12 +236,10 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
-        data_position.expect(self.model)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if batch == 0:
-            data_position.close_window()  # the training loader has begun its epoch; a later one validates
-            self._data.epoch_begins(self._epoch, warn=distributed.is_chief())
+            self._data.epoch_begins(self._epoch)
         if self._watch is not None:
             # A batch's start is the end of the step before, and this hook costs Keras no asynchrony.
             self._stop_if_preempted(batch)
@@ -276,7 +280,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self._stop(preemption.Preempted(name, path, self._epoch, trained))
 
     def _stop(self, stopped: preemption.Preempted) -> None:
-        if distributed.is_chief():
+        if _horovod.is_chief():
             print_msg(f"\nkfast: {stopped}.")
         self.model.stop_training = True
         if self._watch is not None:
@@ -313,7 +317,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         value = logs.get(self.monitor) if self.monitor else None
         if self.monitor and value is None and not self._warned_missing and not step_file:
             self._warned_missing = True
-            if distributed.is_chief():
+            if _horovod.is_chief():
                 kind = "epoch" if batch is None else "batch"
                 warnings.warn(f"RankZeroCheckpoint monitors {self.monitor!r}, which is not in the {kind} logs (they "
                               f"hold {sorted(logs)}); {self._names.best} is not written. Pass validation data or "
@@ -323,7 +327,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         if improved and value is not None:  # improved implies a value; this says so to the type checker
             self._best = float(value)
         path = self._last_path = os.path.join(self.directory, name)
-        if not distributed.is_chief():
+        if not _horovod.is_chief():
             return path
         best = {"monitor": self.monitor, "mode": self._mode, "value": self._best} if self.monitor else None
         checkpoint.save_atomic(self.model, path, position=position, best=best, data=data)

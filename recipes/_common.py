@@ -166,22 +166,24 @@ def assemble(model, train, val, args, monitor="val_loss"):
 
 
 def standard_callbacks(args, loader, monitor):
+    from kfast._core.callback_order import ordered
     from kfast.callbacks.gpu_monitor import GPUMonitor
     from kfast.callbacks.throughput_monitor import ThroughputMonitor
 
     signals = tuple(args.preemption_signal or ("SIGTERM",))
     callbacks = distributed.default_callbacks(args.checkpoint_dir, warmup_epochs=args.warmup_epochs, monitor=monitor,
-                                              save_freq=args.save_freq or "epoch", preemption_signals=signals) + [
+                                              save_freq=args.save_freq or "epoch", preemption_signals=signals,
+                                              loader=loader) + [
         ThroughputMonitor(loader) if loader is not None else ThroughputMonitor(batch_size=args.batch_size), GPUMonitor()]
     log_dir = tensorboard_dir(args)
     if log_dir and distributed.is_chief():
         callbacks.append(keras.callbacks.TensorBoard(log_dir))
-    return callbacks
+    return ordered(callbacks)  # the monitors ahead of MetricAverage and TensorBoard, which read their values
 
 
 def finish(model, train, val, args, monitor="val_loss", *, counted):
     """The Recipe around compiled `model`; `counted` is the loader ThroughputMonitor counts samples from."""
-    initial_epoch = distributed.restore(model, args.checkpoint_dir) if args.resume else 0
+    initial_epoch = distributed.restore(model, args.checkpoint_dir, loader=counted) if args.resume else 0
     return Recipe(model, train, val, standard_callbacks(args, counted, monitor),
                   {"epochs": args.epochs, "initial_epoch": initial_epoch, "verbose": 2 if distributed.is_chief() else 0})
 
@@ -239,4 +241,3 @@ def _diagnose(recipe, png):
         print(result, flush=True)
         result.plot(png)
         print(f"diagnosis plot written to {png}", flush=True)
-    recipe.train.skip_to_next_epoch()  # training starts on a whole epoch

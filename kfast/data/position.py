@@ -15,24 +15,25 @@ dealt round-robin, as many per rank as every rank gets (so each step still pairs
 rank gets exactly the batches it would have trained next, in the same order. The next epochs go on with
 each rank's recorded seed. A user's own `ShardedDataset` keeps its layout: it resumes on the same R only.
 
-The handshake: `restore()` offers the recorded order (`offer`); the first FastLoader over a dataset of
-that length takes it at its first use (`take`), which for `fit` is Keras's look at the first batches,
-before any batch is loaded, so no trained batch is loaded again. kfast's callbacks open a window at each
-epoch's start (`expect`); the next FastLoader to begin an epoch inside Keras's loop is that fit's
-training loader (`claim`), whose view the checkpoint records (`training_loader`).
+Who holds it: the loader itself. `FastLoader.state_dict()` returns its position as a versioned dict (an
+`EpochOrder` of its own rank, `STATE_VERSION`), and `FastLoader.load_state_dict(state)` makes its next
+iteration start there. `RankZeroCheckpoint(loader=...)` gathers every rank's state into one complete
+`EpochOrder` for the checkpoint file, and `kfast.distributed.restore(model, directory, loader=...)` hands
+it back to the loader given. Nothing is kept in this module: there is no offer for "the next loader".
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
-import weakref
 from typing import Any
 
 import numpy as np
 
 # How a loader's dataset is split over ranks: by the loader itself, or by a ShardedDataset of the user's.
 OWN, GIVEN = "loader", "given"
+
+# The version of `FastLoader.state_dict()`'s form; a later release reads older versions or refuses them clearly.
+STATE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,81 +107,47 @@ class EpochOrder:
         return dataclasses.replace(self, done=self.done + steps * size)
 
 
-@dataclasses.dataclass
-class _Offer:
-    order: EpochOrder
+def state_of(order: EpochOrder, rank: int) -> dict[str, Any]:
+    """`FastLoader.state_dict()`'s form of `order`, as rank `rank` of its layout sees it."""
+    complete = len(order.seeds) == order.size
+    return {"version": STATE_VERSION, "epoch": order.epoch, "batches_done": order.done // order.size,
+            "seed": order.seeds[rank if complete else 0], "seeds": list(order.seeds) if complete else None,
+            "shuffle": order.shuffled, "rank": rank, "size": order.size, "length": order.total,
+            "sharding": order.sharded}
 
 
-_lock = threading.Lock()
-_offer: _Offer | None = None
-_taker: weakref.ReferenceType[Any] | None = None  # the loader that took the last offer
-# The window kfast's callbacks open at an epoch's start; the loader that begins the epoch next claims it.
-_expecting: weakref.ReferenceType[Any] | None = None
-_training: weakref.WeakKeyDictionary[Any, weakref.ReferenceType[Any]] = weakref.WeakKeyDictionary()
+def order_of(state: Any, rank: int, size: int, owner: str = "FastLoader.load_state_dict") -> EpochOrder:
+    """The `EpochOrder` a state from `state_of` (or a checkpoint's merged one) describes, checked for a loader
+    that is rank `rank` of `size`.
 
-
-def offer(order: EpochOrder | None) -> None:
-    """Makes `order` the one the next matching FastLoader takes (None withdraws an earlier offer)."""
-    global _offer, _taker
-    with _lock:
-        _offer, _taker = (_Offer(order) if order is not None else None), None
-
-
-def take(total: int, sharded: str) -> EpochOrder | None:
-    """The order offered for a loader over `total` batches of that kind of sharding, once; else None."""
-    global _offer
-    with _lock:
-        if _offer is None or _offer.order.total != total or _offer.order.sharded != sharded:
-            return None
-        order, _offer = _offer.order, None
-        return order
-
-
-def took(loader: Any) -> None:
-    """Records `loader` as the one that took the offer."""
-    global _taker
-    _taker = weakref.ref(loader)
-
-
-def taker() -> Any:
-    """The loader that took the last offer, while it lives; else None."""
-    return _taker() if _taker is not None else None
-
-
-def pending() -> EpochOrder | None:
-    """The order offered and not yet taken."""
-    return _offer.order if _offer is not None else None
-
-
-def expect(model: Any) -> None:
-    """Opens the window: the next loader to begin an epoch in a Keras loop is `model`'s training loader."""
-    global _expecting
-    _training.pop(model, None)  # a loader of an earlier fit is not this one's
-    _expecting = weakref.ref(model)
-
-
-def close_window() -> None:
-    """Closes the window (the epoch's first batch is trained: a loader beginning now is a validation one)."""
-    global _expecting
-    _expecting = None
-
-
-def claim(loader: Any) -> None:
-    """Called by a loader beginning an epoch inside a Keras loop: it becomes the training loader if expected."""
-    global _expecting
-    model = _expecting() if _expecting is not None else None
-    if model is not None:
-        _training[model] = weakref.ref(loader)
-        _expecting = None
-
-
-def training_loader(model: Any) -> Any:
-    """The FastLoader of `model`'s current `fit`, or None (its data is not a FastLoader, or none began)."""
-    ref = _training.get(model)
-    return ref() if ref is not None else None
-
-
-def epoch_offset(model: Any) -> int:
-    """Batches of `model`'s current epoch trained before this fit (inside a resumed epoch; else 0)."""
-    loader = training_loader(model)
-    return loader.epoch_offset if loader is not None else 0
+    Raises:
+        ValueError: for a state that is not one, of another version, or one rank's state loaded by another
+            rank of the same job size or a job of another size (only a checkpoint's merged state, holding every
+            rank's seed, resumes on any number of ranks).
+    """
+    if not isinstance(state, dict) or "version" not in state:
+        raise ValueError(f"{owner} got {type(state).__name__} {str(state)[:80]!r}; it takes the dict that "
+                         "FastLoader.state_dict() returns.")
+    if state["version"] != STATE_VERSION:
+        raise ValueError(f"{owner} got a state of version {state['version']!r}; this kfast reads version "
+                         f"{STATE_VERSION}. Save it again with this kfast, or load it with the kfast that wrote it.")
+    try:
+        seeds = state["seeds"]
+        recorded = int(state["size"])
+        if seeds is None:
+            if recorded > 1 and (int(state["rank"]), recorded) != (rank, size):
+                raise ValueError(
+                    f"{owner} got the state of rank {state['rank']} of {recorded}, holding that rank's seed only, "
+                    f"for rank {rank} of {size}. Load each rank's own state, or the merged state a "
+                    "RankZeroCheckpoint writes (every rank's seed), which resumes on any number of ranks.")
+            # The other ranks' seeds never matter to this rank on the same layout (see the NOTE above).
+            seeds = [int(state["seed"])] * recorded
+        order = EpochOrder(tuple(int(s) for s in seeds), recorded, int(state["epoch"]), bool(state["shuffle"]),
+                           int(state["length"]), str(state["sharding"]), int(state["batches_done"]) * recorded)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{owner} got a state without a readable {e}; it takes the dict that "
+                         "FastLoader.state_dict() returns.") from None
+    if len(order.seeds) != order.size or order.sharded not in (OWN, GIVEN):
+        raise ValueError(f"{owner} got an inconsistent state ({len(order.seeds)} seeds for {order.size} ranks, "
+                         f"sharding {order.sharded!r}); it takes the dict that FastLoader.state_dict() returns.")
+    return order

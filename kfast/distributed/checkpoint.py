@@ -21,10 +21,10 @@ import weakref
 from typing import TYPE_CHECKING
 from typing import Any
 
-from kfast.data import position as data_position
+from kfast._core import fit_timing
 from kfast.data.position import EpochOrder
 from kfast.distributed import _checkpoint_files as files
-from kfast.distributed import _horovod as distributed
+from kfast.distributed import _horovod
 from kfast.distributed._checkpoint_files import STATE_VERSION  # noqa: F401 - part of this module's API
 from kfast.distributed._checkpoint_files import NewerCheckpointError
 from kfast.distributed._checkpoint_files import Position
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 _STATES: weakref.WeakKeyDictionary[keras.Model, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class RestorePoint:
     """What `restore()` last loaded into a model.
 
@@ -53,6 +53,8 @@ class RestorePoint:
         best: the directory's best so far, `{"monitor", "mode", "value"}`, or None.
         metrics: this rank's metric state inside the epoch (values of `model.metrics_variables`), when the
             checkpoint has it for this number of ranks; else None.
+        loader: a weak reference to the FastLoader `restore(loader=...)` handed the data position to, or None.
+        metrics_restored: whether a fit gave the epoch its metric state back already (once per restore).
     """
 
     directory: str
@@ -61,6 +63,8 @@ class RestorePoint:
     batch: int
     best: dict[str, Any] | None
     metrics: list[Any] | None = None
+    loader: weakref.ReferenceType[Any] | None = dataclasses.field(default=None, repr=False)
+    metrics_restored: bool = False
 
 
 _RESTORED: weakref.WeakKeyDictionary[keras.Model, RestorePoint] = weakref.WeakKeyDictionary()
@@ -159,7 +163,7 @@ def _build(model: keras.Model, build_config: dict[str, Any] | None, path: str | 
         model.optimizer.build(model.trainable_variables)
 
 
-def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
+def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loader: Any = None) -> int:
     """Loads the latest checkpoint on rank 0 and gives every rank the same state.
 
     Call it after `model.compile(...)` and before `fit`. Rank 0 reads the newest readable checkpoint in
@@ -170,19 +174,22 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
     so far goes to the `RankZeroCheckpoint` writing that same directory (none other). A model without an
     `Input` layer is built from the shapes the checkpoint records.
 
-    Where the data stood goes on too, when training read a `kfast.data.FastLoader`: the next `fit` (with
-    `initial_epoch` set to what this returns) continues the epoch in progress with only its remaining
-    batches, in the order the uninterrupted run would have used, on the same number of ranks or another
-    (the rest of the epoch is dealt over the new ranks), then goes on with the next epochs in their
-    recorded order; the learning-rate warm-up, the epoch's logs and `best.keras` go on as if training had
-    not stopped. The first FastLoader over a dataset of the recorded length takes that position, at its
-    first use. Other data (arrays, `tf.data`, a plain `PyDataset`) cannot say where it was: `fit` then
-    runs the epoch in progress again from its first batch, with a warning. The epoch and batch are in
+    Where the data stood goes on too, when training read a `kfast.data.FastLoader` that the checkpoints
+    recorded (`RankZeroCheckpoint(loader=...)`) and that is handed back here (`loader=`): its
+    `load_state_dict` takes the recorded position, so the next `fit` (with `initial_epoch` set to what this
+    returns) continues the epoch in progress with only its remaining batches, in the order the
+    uninterrupted run would have used, on the same number of ranks or another (the rest of the epoch is
+    dealt over the new ranks), then goes on with the next epochs in their recorded order; the learning-rate
+    warm-up, the epoch's logs and `best.keras` go on as if training had not stopped. Without `loader=`, or
+    with other data (arrays, `tf.data`, a plain `PyDataset`), a checkpoint saved inside an epoch makes
+    `fit` run that epoch again from its first batch, with a warning. The epoch and batch are in
     `kfast.distributed.checkpoint.restore_point(model)`; see the "Preemption and resume" guide.
 
     Args:
         model: the compiled model to restore into.
         checkpoint_dir: the directory `RankZeroCheckpoint` writes.
+        loader: the `kfast.data.FastLoader` to train on, which goes on where the checkpoint's data stood.
+            Defaults to `None`.
 
     Returns:
         The `initial_epoch` to pass to `fit`: 0 when there is no checkpoint.
@@ -211,46 +218,73 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str]) -> int:
                          "holds the checkpoints (restore() picks the newest in it).")
     if model.optimizer is None:
         raise RuntimeError("restore() needs a compiled model: call model.compile(...) first.")
+    if loader is not None and not callable(getattr(loader, "load_state_dict", None)):
+        raise ValueError(f"restore() got loader={type(loader).__name__}; pass the kfast.data.FastLoader that fit "
+                         "will train on (the one RankZeroCheckpoint(loader=...) recorded), or leave loader out.")
     if model.built and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     found: _Found | None = None
     error: Exception | None = None
-    if distributed.is_chief():
+    if _horovod.is_chief():
         try:
             found = _load_latest(model, directory)
         except Exception as e:  # noqa: BLE001 - re-raised on every rank below, so no rank waits forever
             error = e
     # Every rank learns of rank 0's failure, so none is left waiting in a collective.
-    found, message = distributed.broadcast_object((found, None if error is None else str(error)), root_rank=0)
+    found, message = _horovod.broadcast_object((found, None if error is None else str(error)), root_rank=0)
     if error is not None:
         raise error
     if message is not None:
         raise ValueError(f"Rank 0 could not restore from {directory}: {message}")
     training_state(model).clear()
     _RESTORED.pop(model, None)
-    data_position.offer(None)
     if found is None:
         return 0
     position, build_config, state, best, path, data = found
     _build(model, build_config, directory)
-    distributed.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
+    _horovod.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
     training_state(model).update(state)
-    position, metrics = _offer_data(position, data)
-    _RESTORED[model] = RestorePoint(os.path.realpath(directory), path, position.epoch, position.batch, best, metrics)
+    position, metrics, order = _data_position(position, data)
+    taken = None
+    if order is not None and loader is not None:
+        loader._load_order(order)
+        taken = weakref.ref(loader)
+        if position.batch:
+            # The resumed epoch's metric state needs the compiled metrics built, which Keras does at the first
+            # step (or, on JAX, from a first look at the data that would take the resumed epoch's first batch).
+            fit_timing.build_from_batch(model, loader[0], "kfast.distributed.restore", metrics=True)
+    elif position.batch and _horovod.is_chief():
+        warnings.warn(
+            f"kfast restored {path}, saved {position.batch} batch(es) into epoch {position.epoch + 1}, but "
+            + ("no loader= was given to go on where its data stood" if order is not None else
+               "it records no data position (its RankZeroCheckpoint had no loader=)")
+            + f": epoch {position.epoch + 1} runs again from its first batch. Pass the kfast.data.FastLoader to both, "
+            "RankZeroCheckpoint(..., loader=loader) and restore(model, directory, loader=loader), to resume inside "
+            "the epoch.", stacklevel=2)
+    _RESTORED[model] = RestorePoint(os.path.realpath(directory), path, position.epoch, position.batch, best, metrics,
+                                    taken)
     return position.epoch
 
 
-def _offer_data(position: Position, data: dict[str, Any] | None) -> tuple[Position, list[Any] | None]:
-    """Offers the recorded data position to the next FastLoader; returns the position to resume at and this
-    rank's metric state (None when there is none for this number of ranks)."""
+def epoch_offset(model: keras.Model) -> int:
+    """Batches of the epoch `model` is training that were trained before `restore()` (inside a resumed epoch,
+    read from the loader `restore(loader=...)` handed the position to); else 0."""
+    point = _RESTORED.get(model)
+    loader = point.loader() if point is not None and point.loader is not None else None
+    return loader.epoch_offset if loader is not None else 0
+
+
+def _data_position(position: Position, data: dict[str, Any] | None
+                   ) -> tuple[Position, list[Any] | None, EpochOrder | None]:
+    """The position to resume at, this rank's metric state (None when there is none for this number of ranks)
+    and the recorded data order (None when the checkpoint has none)."""
     order = EpochOrder.from_dict((data or {}).get("order"))
     if order is None:
-        return position, None
-    if position.batch and not order.remaining(0, distributed.size()):
+        return position, None, None
+    if position.batch and not order.remaining(0, _horovod.size()):
         # Fewer batches left than ranks now: the epoch is over for them, and the next begins.
         order, position = dataclasses.replace(order, epoch=order.epoch + 1, done=0), Position(position.epoch + 1)
-    data_position.offer(order)
     metrics = (data or {}).get("metrics")
-    mine = metrics[distributed.rank()] if (position.batch and isinstance(metrics, list)
-                                           and len(metrics) == distributed.size()) else None
-    return position, mine
+    mine = metrics[_horovod.rank()] if (position.batch and isinstance(metrics, list)
+                                           and len(metrics) == _horovod.size()) else None
+    return position, mine, order

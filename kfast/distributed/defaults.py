@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def default_callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, *, warmup_epochs: int = 5,
                       monitor: str = "val_loss", keep: int = 3, verbose: int = 0, save_freq: str | int = "epoch",
-                      preemption_signals: tuple[str | int, ...] | None = ("SIGTERM",)
+                      preemption_signals: tuple[str | int, ...] | None = ("SIGTERM",), loader: Any = None
                       ) -> list[keras.callbacks.Callback]:
     """Returns kfast's standard distributed callbacks, in the order they must run.
 
@@ -33,6 +33,8 @@ def default_callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, *, w
         preemption_signals: the signals that stop every rank at the same step, write a step checkpoint and
             exit with status 75 (see `RankZeroCheckpoint`); `None` leaves them alone. Defaults to
             `("SIGTERM",)`.
+        loader: the `kfast.data.FastLoader` that `fit` trains on, whose position each checkpoint records (pass
+            it to `kfast.distributed.restore` too, to resume inside an epoch). Defaults to `None`.
 
     Returns:
         A list of Keras callbacks for `model.fit(..., callbacks=...)`.
@@ -44,13 +46,14 @@ def default_callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, *, w
     ['BroadcastState', 'LearningRateWarmup', 'MetricAverage', 'RankZeroCheckpoint']
     """
     from kfast.callbacks import BroadcastState, LearningRateWarmup, MetricAverage, RankZeroCheckpoint
+    from kfast._core.callback_order import ordered
 
     out: list[keras.callbacks.Callback] = [
         BroadcastState(), LearningRateWarmup(warmup_epochs=warmup_epochs, verbose=verbose), MetricAverage()]
     if checkpoint_dir:
         out.append(RankZeroCheckpoint(checkpoint_dir, monitor=monitor, keep=keep, verbose=verbose, save_freq=save_freq,
-                                      preemption_signals=preemption_signals))
-    return out
+                                      preemption_signals=preemption_signals, loader=loader))
+    return ordered(out)  # monitors (if any) ahead of the callbacks that read their values
 
 
 def callbacks(checkpoint_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> list[keras.callbacks.Callback]:

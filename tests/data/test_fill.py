@@ -47,7 +47,7 @@ def test_every_batch_after_the_first_comes_from_fill_batch(use_multiprocessing):
     with FastLoader(datasets.FillsOnly(n=7), workers=2, use_multiprocessing=use_multiprocessing) as loader:
         got = [(x.copy(), y.copy()) for x, y in loader]  # copies: each slot goes back as its batch is dropped
         if use_multiprocessing:  # the first ones, asked for before the slots were made, travel pickled
-            assert loader._pool.shm_batches >= 3 and loader._pool.shm_batches + loader._pool.pickled_batches == 7
+            assert loader._stream._pool.shm_batches >= 3 and loader._stream._pool.shm_batches + loader._stream._pool.pickled_batches == 7
     assert [int(x[0, 0]) for x, _ in got] == list(range(7))
     assert [len(x) for x, _ in got] == [4] * 6 + [2]
     assert all(np.array_equal(y, np.tile([i, i * i], (len(y), 1))) for i, (_, y) in enumerate(got))
@@ -57,7 +57,7 @@ def test_batches_held_past_the_ring_are_filled_and_pickled():
     # Holding every batch keeps every slot lent: later batches are filled into fresh arrays and pickled.
     with FastLoader(datasets.FillsOnly(n=12), workers=2, max_queue_size=2) as loader:
         got = list(loader)
-        assert loader._pool.pickled_batches > 0
+        assert loader._stream._pool.pickled_batches > 0
     assert [int(x[0, 0]) for x, _ in got] == list(range(12))
 
 

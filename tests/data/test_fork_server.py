@@ -33,7 +33,7 @@ _CHILD = textwrap.dedent("""
     for _ in range(2):
         with FastLoader(numbers_dataset.Numbers(), workers=2, use_multiprocessing=True) as loader:
             assert [float(b[0, 0]) for b in loader] == [0, 1, 2, 3, 4, 5]
-            workers = [p.pid for p in loader._pool._processes]
+            workers = [p.pid for p in loader._stream._pool._processes]
             with open(f"/proc/{workers[0]}/stat") as f:
                 server = int(f.read().rsplit(")", 1)[1].split()[1])
             print("workers", *workers, "server", server)

@@ -84,17 +84,17 @@ def test_a_killed_worker_is_named_and_the_pool_closed():
     stream = iter(loader)
     next(stream)
     taken = 1
-    while not all(loader._pool._started) and taken < 20:  # both at work (not still starting)
+    while not all(loader._stream._pool._started) and taken < 20:  # both at work (not still starting)
         next(stream)
         taken += 1
-    assert all(loader._pool._started)
-    victim = loader._pool._processes[1]
+    assert all(loader._stream._pool._started)
+    victim = loader._stream._pool._processes[1]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(timeout=10)
     with pytest.raises(WorkerError, match=rf"FastLoader worker 1 \(pid {victim.pid}\) was killed by signal 9"):
         for _ in range(50 - taken):
             next(stream)
-    assert loader._pool is None  # closed: the other worker is gone too
+    assert loader._stream._pool is None  # closed: the other worker is gone too
     loader.close()
 
 
@@ -180,7 +180,7 @@ def test_namedtuple_batches_keep_their_type(use_multiprocessing):
                     use_multiprocessing=use_multiprocessing) as loader:
         batches = list(loader)
         if use_multiprocessing:
-            assert loader._pool.shm_batches >= 3  # through shared memory (4 slots, all held), where the type was lost
+            assert loader._stream._pool.shm_batches >= 3  # through shared memory (4 slots, all held), where the type was lost
     assert all(type(b) is datasets.Pair for b in batches)
     assert [int(b.label[0, 0]) for b in batches] == list(range(8))
 
@@ -199,8 +199,8 @@ def test_the_same_seed_draws_the_same_per_batch_whatever_the_workers_and_restart
     with FastLoader(datasets.Draws(n=8), workers=2, seed=3) as loader:
         stream = iter(loader)
         head = [tuple(next(stream)[0].tolist()) for _ in range(3)]
-        loader.close()  # a restart mid-epoch: the new workers go on with batch 3
-        restarted = [head + [tuple(x.tolist()) for x, _ in loader]] + _draws(loader, 1)
+        loader.close()  # a restart mid-epoch: the new workers go on with batch 3 of the same iteration
+        restarted = [head + [tuple(x.tolist()) for x, _ in stream]] + _draws(loader, 1)
     assert one == two == restarted
     assert len({d for epoch in two for d in epoch}) == 16  # no batch, and no epoch, repeats another's draws
     with FastLoader(datasets.Draws(n=8), workers=2, seed=4) as loader:
@@ -226,7 +226,7 @@ def test_a_namedtuple_class_of_the_training_script_comes_back_as_itself(tmp_path
         if __name__ == "__main__":
             with FastLoader(Data(), workers=1, max_queue_size=2) as loader:
                 batches = list(loader)
-                print(json.dumps([loader._pool.shm_batches, [type(b).__name__ for b in batches],
+                print(json.dumps([loader._stream._pool.shm_batches, [type(b).__name__ for b in batches],
                                   [int(b.y[0]) for b in batches]]))
     """)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -39,7 +39,7 @@ _CHILD = textwrap.dedent("""
         data = shard(data, rank=1, size=2)
     with FastLoader(data, workers=2, use_multiprocessing=True) as loader:
         epochs = [list(loader) for _ in range(2)]
-        pids = [p.pid for p in loader._pool._processes]
+        pids = [p.pid for p in loader._stream._pool._processes]
         servers = {parent(pid) for pid in pids}
         with open(f"/proc/{min(servers)}/cmdline", "rb") as f:
             server_cmdline = f.read().decode(errors="replace")

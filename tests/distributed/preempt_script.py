@@ -116,16 +116,17 @@ model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
 model.compile(kfast.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss, metrics=[BatchIndex()],
               jit_compile=False)
 checkpoints = os.path.join(args.dir, "checkpoints")
-initial_epoch = kfast.distributed.restore(model, checkpoints) if args.resume else 0
-callbacks = [Record(), kfast.callbacks.BroadcastState(),
-             kfast.callbacks.LearningRateWarmup(warmup_epochs=2, multiplier=4),
-             kfast.callbacks.MetricAverage(),
-             kfast.callbacks.RankZeroCheckpoint(checkpoints, monitor="loss", keep=2,
-                                                preemption_timeout=args.timeout)]
 with kfast.data.FastLoader(Indexed(args.stuck_at, args.marker), workers=2, use_multiprocessing=args.processes,
                            seed=args.seed) as loader:
-    # The monitor reads the loader's counters: a resumed, shorter epoch must not trouble it.
-    callbacks.append(kfast.callbacks.ThroughputMonitor(loader))
+    # The loader's position is saved in each checkpoint and handed back by restore(), both through loader=.
+    initial_epoch = kfast.distributed.restore(model, checkpoints, loader=loader) if args.resume else 0
+    callbacks = [Record(), kfast.callbacks.BroadcastState(),
+                 kfast.callbacks.LearningRateWarmup(warmup_epochs=2, multiplier=4),
+                 kfast.callbacks.MetricAverage(),
+                 kfast.callbacks.RankZeroCheckpoint(checkpoints, monitor="loss", keep=2,
+                                                    preemption_timeout=args.timeout, loader=loader),
+                 # The monitor reads the loader's counters: a resumed, shorter epoch must not trouble it.
+                 kfast.callbacks.ThroughputMonitor(loader)]
     model.fit(loader, epochs=EPOCHS, initial_epoch=initial_epoch, verbose=0, callbacks=callbacks)
 np.save(os.path.join(args.dir, f"weights-{rank}.npy"), np.concatenate([w.ravel() for w in model.get_weights()]))
 print(f"DONE rank {rank} of {size}", flush=True)
