@@ -1,5 +1,6 @@
 """Keras callbacks from kfast (installed as `kfast.callbacks`)."""
 
+from kfast._core.callback_order import ordered
 from kfast.callbacks.auto_tune import AutoTune
 from kfast.callbacks.broadcast_state import BroadcastState
 from kfast.callbacks.gpu_monitor import GPUMonitor
@@ -9,4 +10,4 @@ from kfast.callbacks.rank_zero_checkpoint import RankZeroCheckpoint
 from kfast.callbacks.throughput_monitor import ThroughputMonitor
 
 __all__ = ["AutoTune", "BroadcastState", "GPUMonitor", "LearningRateWarmup", "MetricAverage", "RankZeroCheckpoint",
-           "ThroughputMonitor"]
+           "ThroughputMonitor", "ordered"]

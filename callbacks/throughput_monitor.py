@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kfast._core import callback_order
 from kfast._core import tf_datasets
 from kfast._core.epoch_clock import EpochClock
 
@@ -28,10 +27,10 @@ class ThroughputMonitor(EpochClock):
     Only training steps count: the epoch's clock stops when validation begins (Keras validates before
     `on_epoch_end`), so `validation_data` does not dilute the rates.
 
-    History, CSVLogger and TensorBoard record the values wherever the monitor sits in the callback list:
-    when training begins it moves itself (with kfast's other monitors) to the front of the list, so its
-    values are in `logs` before any other callback's `on_epoch_end` reads them. Under Horovod,
-    `MetricAverage` therefore averages them over ranks, like the loss.
+    History records the values. Keras calls callbacks in list order, so a logger (CSVLogger, TensorBoard)
+    records them when it comes after the monitor: list the monitors first, or pass the list through
+    `kfast.callbacks.ordered`, which does that for you (as `kfast.distributed.default_callbacks` does).
+    Under Horovod, `MetricAverage` after them averages them over ranks, like the loss.
 
     Args:
         loader: the `FastLoader` or `tf.data.Dataset` feeding `fit`. Defaults to `None`.
@@ -49,9 +48,14 @@ class ThroughputMonitor(EpochClock):
     >>> model.compile("sgd", "mse")
     >>> data = kfast.data.ArrayDataset(np.ones((64, 4)), np.ones(64), batch_size=16)
     >>> with kfast.data.FastLoader(data, use_multiprocessing=False) as loader:
-    ...     history = model.fit(loader, verbose=0, callbacks=[kfast.callbacks.ThroughputMonitor(loader)])
+    ...     monitor = kfast.callbacks.ThroughputMonitor(loader)
+    ...     csv = keras.callbacks.CSVLogger("log.csv")
+    ...     history = model.fit(loader, verbose=0, callbacks=kfast.callbacks.ordered([csv, monitor]))
     >>> sorted(key for key in history.history if key != "loss")
     ['input_wait_fraction', 'samples_per_second', 'step_time', 'steps_per_second']
+    >>> with open("log.csv") as f:
+    ...     "input_wait_fraction" in f.readline().split(",")  # the logger after the monitor, by ordered
+    True
 
     With a `tf.data.Dataset` whose batches all hold 16 samples:
 
@@ -63,7 +67,7 @@ class ThroughputMonitor(EpochClock):
     ['samples_per_second', 'step_time', 'steps_per_second']
     """
 
-    _writes_epoch_logs = True  # kfast._core.callback_order.run_first puts it ahead of the loggers
+    _writes_epoch_logs = True  # kfast.callbacks.ordered puts it ahead of the loggers
 
     def __init__(self, loader: Any = None, batch_size: int | None = None) -> None:
         if tf_datasets.is_tf_dataset(loader):
@@ -81,10 +85,6 @@ class ThroughputMonitor(EpochClock):
                              "or a tf.data.Dataset (or batch_size= for any other data).")
         super().__init__(loader)
         self.batch_size = batch_size
-
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        callback_order.run_first(self)
-        super().on_train_begin(logs)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         span = self.epoch_span()

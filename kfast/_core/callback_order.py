@@ -1,68 +1,71 @@
-"""Puts kfast's monitors first in the callback list, so every logger sees the values they add to `logs`.
+"""`ordered`: puts the callbacks that write epoch logs ahead of those that read them, as the list's builder.
 
 Keras's `CallbackList` calls callbacks in list order and hands each the same epoch `logs` dict. A logger
 (`TensorBoard`, `CSVLogger`) writes `logs` in its own `on_epoch_end`, so a value added by a callback
-listed after it never reaches it. A monitor whose values belong in the epoch logs calls
-`run_first(self)` from `on_train_begin`, which moves every such monitor to the front, in the order the
-user listed them; the other callbacks keep their order.
+listed after it never reaches it (Keras's `History` and progress bar are appended last, and see all).
 
-NOTE [ Finding the CallbackList ]: Keras hands a callback no reference to the `CallbackList` that calls
-it, and `fit` builds that list from the user's one. So the list is found among the live objects: the
-`CallbackList` whose callbacks include this very callback. That depends on what the list holds, not on
-who is calling (no stack frames are read), and the same lookup tells `GPUMonitor` when the `fit` that
-started it is gone (a `fit` that raised never calls `on_train_end`): the list is dropped with it.
+NOTE [ Whoever builds the list orders it ]: Keras hands a callback no reference to the `CallbackList`
+that calls it, so a callback cannot move itself without searching the heap or the stack for the list.
+Instead, whoever builds the list orders it, as Keras's `CallbackList._add_default_callbacks` appends
+`History` last and Lightning's callback connector moves checkpoints last: `ordered` here, called by
+`kfast.distributed.default_callbacks`, the recipes, and users for their own lists. A callback class marks
+itself with `MARKER = True` to be moved ahead.
 """
 
 from __future__ import annotations
 
-import gc
-import weakref
+from collections.abc import Iterable
 
 import keras
 
-# Callbacks that set this class attribute to True are moved to the front by `run_first`.
+# Callbacks whose class sets this attribute to True write values into the epoch logs; `ordered` puts
+# them first.
 MARKER = "_writes_epoch_logs"
 
 
-def lists_holding(callback: keras.callbacks.Callback) -> list[keras.callbacks.CallbackList]:
-    """Returns the live `CallbackList`s that hold `callback` (none when its hooks are called by hand)."""
-    # type(), not isinstance(): isinstance asks an object's __class__ when its type does not match, and a
-    # few objects among all of a process's (torch's deprecated reduce_op) warn or compute when asked.
-    return [o for o in gc.get_objects()
-            if issubclass(type(o), keras.callbacks.CallbackList) and any(c is callback for c in o.callbacks)]
+def writes_epoch_logs(callback: keras.callbacks.Callback) -> bool:
+    """Whether `callback` adds values to the epoch logs that the callbacks after it read."""
+    return bool(getattr(callback, MARKER, False))
 
 
-def run_first(callback: keras.callbacks.Callback) -> list[weakref.ref]:
-    """Moves `callback`, and every other callback marked with `MARKER`, to the front of its `CallbackList`.
+def ordered(callbacks: Iterable[keras.callbacks.Callback] | None) -> list[keras.callbacks.Callback]:
+    """Returns `callbacks` with kfast's monitors first, so every logger records the values they add.
 
-    Call it from `on_train_begin`. The list is replaced rather than edited, so the loop that is calling
-    `on_train_begin` finishes over the old order and every callback still gets that hook once; from the
-    next hook on, the marked callbacks run first. Called outside a `CallbackList` (hooks driven by
-    hand), it does nothing.
+    Keras calls callbacks in list order with one shared epoch `logs` dict, so a callback that reads the
+    logs (`TensorBoard`, `CSVLogger`, or `MetricAverage` averaging them over ranks) sees only what the
+    callbacks before it added. Use it whenever a monitor and a logger share a list. `ordered` moves
+    the callbacks that add values to the epoch logs (`ThroughputMonitor`, `GPUMonitor`) ahead of all the
+    others, keeping the order you gave within each group; `History` and the progress bar, which Keras
+    appends itself, come last anyway. `kfast.distributed.default_callbacks` and the recipes return lists
+    ordered this way. The list you pass is left as it was.
 
     Args:
-        callback: the callback asking to run first.
+        callbacks: the callbacks for `model.fit`, or `None`.
 
     Returns:
-        Weak references to the `CallbackList`s that hold `callback` (each dead once its `fit` is over and
-        dropped); empty when no list holds it.
+        A new list of the same callbacks, the monitors first.
+
+    Raises:
+        ValueError: for an item that is not a `keras.callbacks.Callback`.
 
     Example:
 
-    >>> import keras
-    >>> class Monitor(keras.callbacks.Callback):
-    ...     _writes_epoch_logs = True
-    ...     def on_train_begin(self, logs=None):
-    ...         run_first(self)
-    >>> logger, monitor = keras.callbacks.Callback(), Monitor()
-    >>> callbacks = keras.callbacks.CallbackList([logger, monitor])
-    >>> callbacks.on_train_begin()
-    >>> [type(c).__name__ for c in callbacks.callbacks]
-    ['Monitor', 'Callback']
+    >>> import keras, numpy as np, kfast.callbacks
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile("sgd", "mse")
+    >>> data = kfast.data.ArrayDataset(np.ones((64, 4)), np.ones(64), batch_size=16)
+    >>> csv = keras.callbacks.CSVLogger("log.csv")
+    >>> callbacks = kfast.callbacks.ordered([csv, kfast.callbacks.ThroughputMonitor(batch_size=16)])
+    >>> [type(c).__name__ for c in callbacks]
+    ['ThroughputMonitor', 'CSVLogger']
+    >>> _ = model.fit(data, epochs=1, verbose=0, callbacks=callbacks)
+    >>> with open("log.csv") as f:
+    ...     "samples_per_second" in f.readline().split(",")
+    True
     """
-    owners = lists_holding(callback)
-    for owner in owners:
-        marked = [c for c in owner.callbacks if getattr(c, MARKER, False)]
-        if owner.callbacks[:len(marked)] != marked:
-            owner.callbacks = marked + [c for c in owner.callbacks if not getattr(c, MARKER, False)]
-    return [weakref.ref(owner) for owner in owners]
+    items = list(callbacks or [])
+    for item in items:
+        if not isinstance(item, keras.callbacks.Callback):
+            raise ValueError(f"ordered got {type(item).__name__} among the callbacks; pass keras.callbacks.Callback "
+                             "instances, the list you would give model.fit(callbacks=...).")
+    return [c for c in items if writes_epoch_logs(c)] + [c for c in items if not writes_epoch_logs(c)]

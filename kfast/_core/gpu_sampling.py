@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from kfast._core import topology
 from kfast import nvml
 
 # What `summarize` returns, in order.
@@ -40,25 +41,45 @@ def summarize(samples: Sequence[Sample]) -> dict[str, float]:
 class GpuSampler:
     """Calls `sampler()` every `interval` seconds on a daemon thread and keeps the readings.
 
+    The thread ends at `stop()`, when a read raises, when `alive()` says False, or when `idle_after` seconds
+    pass without a `beat()`; the next `beat()` then starts it again (a `fit` that raised never calls
+    `on_train_end`, and its monitor beats no more: see `GPUMonitor`).
+
     Args:
         sampler: a callable returning `(utilization_percent, memory_used_bytes)`, e.g. `nvml.Sampler(i)`;
             tests inject scripted ones.
-        interval: seconds between samples.
-        alive: called between samples; once it returns False the thread stops by itself (a `fit` that
-            raised never calls `on_train_end`: see `callback_order`). Defaults to `None`: until `stop()`.
+        interval: seconds between samples. Defaults to `0.1`.
+        alive: called between samples; once it returns False the thread ends for good. Defaults to `None`.
+        idle_after: seconds without a `beat()` after which the thread ends until the next one. Defaults to
+            `None`: never.
     """
 
-    def __init__(self, sampler: Reader, interval: float = 0.1, alive: Callable[[], bool] | None = None) -> None:
+    def __init__(self, sampler: Reader, interval: float = 0.1, alive: Callable[[], bool] | None = None,
+                 idle_after: float | None = None) -> None:
         self._sampler, self.interval = sampler, interval
-        self._alive = alive
+        self._alive, self._idle_after = alive, idle_after
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kfast-gpu-sampler", daemon=True)
+        self._beat = time.monotonic()
+        self.idle = False  # the thread ended for want of beats; the next beat starts it again
+        self._thread = self._new_thread()
+
+    def _new_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._run, name="kfast-gpu-sampler", daemon=True)
 
     def start(self) -> GpuSampler:
+        self._beat = time.monotonic()
         self._thread.start()
         return self
+
+    def beat(self) -> None:
+        """Says the training that reads the samples goes on; starts the thread again if it went idle."""
+        self._beat = time.monotonic()
+        if self.idle and not self._stop.is_set():
+            self.idle = False
+            self._thread = self._new_thread()
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -85,6 +106,9 @@ class GpuSampler:
                 self._samples.append((time.monotonic(), util, mem))
             if self._alive is not None and not self._alive():
                 return
+            if self._idle_after is not None and time.monotonic() - self._beat > self._idle_after:
+                self.idle = True
+                return
             self._stop.wait(self.interval)
 
 
@@ -94,6 +118,4 @@ def local_sampler() -> Reader:
     Raises:
         nvml.NvmlUnavailable: with the reason, when there is no usable GPU.
     """
-    from kfast.distributed import _horovod as distributed
-
-    return nvml.Sampler(distributed.local_rank())
+    return nvml.Sampler(topology.local_rank())

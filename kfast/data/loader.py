@@ -364,9 +364,10 @@ class FastLoader(keras.utils.PyDataset):
     def close(self) -> None:
         """Stops the workers and frees shared memory. The loader restarts them if used again; an iteration
         under way goes on, its batches in flight loaded again."""
-        with self._lock:
-            self._ahead = None
-            self._stream.close()
+        # Without the lock: a signal's clean-up or the preemption timer closes the loader from another thread
+        # while a reader waits for a batch holding it; that wait then ends with the pool closed.
+        self._ahead = None
+        self._stream.close()
 
     def skip_to_next_epoch(self) -> None:
         """Deprecated: every iteration starts an epoch of its own, so there is nothing left to skip."""

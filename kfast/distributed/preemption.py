@@ -8,16 +8,15 @@ signal may reach one rank and not another, and ranks notice it at different mome
 between steps (`PreemptionWatch.agree`): with a `kfast.DistributedOptimizer` each rank's note rides inside
 the gradients' allreduce, which every rank issues at every step anyway (no collective of its own, one step
 later); with any other optimizer the notes are summed in one allreduce per step. A non-zero sum stops every
-rank after that same step. The note is taken by the loaders' signal watcher
-(`kfast.data._workers.interrupt`) the moment the signal arrives, from a thread of its own: when the main
-thread is stuck (a batch that never comes, a peer gone), a timer started then ends the process after
-`timeout` seconds, with the loaders closed and no half-written checkpoint, and says so.
+rank after that same step. The signals are caught through `kfast._core.signal_handling`, which owns
+every handler kfast installs: the note is taken the moment the signal arrives, from a thread of its own,
+so that when the main thread is stuck (a batch that never comes, a peer gone), a timer started then ends
+the process after `timeout` seconds, with the loaders closed and no half-written checkpoint, and says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import sys
 import threading
@@ -25,9 +24,8 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-from kfast.data._workers import interrupt
-from kfast.data._workers import signals as loader_signals
-from kfast.distributed import _horovod as distributed
+from kfast._core import signal_handling
+from kfast.distributed import _horovod
 
 # The exit status of a run stopped by preemption after its step checkpoint was written: EX_TEMPFAIL of
 # sysexits.h, "a temporary failure; the user is invited to retry". A scheduler requeues on it.
@@ -91,15 +89,11 @@ def leave(stopped: Preempted) -> None:
     Why at once: horovodrun stops the other ranks with SIGTERM when one exits, so ranks that each took
     seconds to unwind (TensorFlow's shutdown) would be reported as killed, or cut rank 0's file short.
     """
-    if distributed.size() == 1:
+    if _horovod.size() == 1:
         raise stopped
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)  # horovodrun's SIGTERM for a peer's exit must not change the status
-    distributed.broadcast_object(None, root_rank=0)  # rank 0 wrote its checkpoint before it got here
-    loader_signals.clean_up()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(RESUMABLE_EXIT)
+    signal_handling.ignore_terminations()  # horovodrun's SIGTERM for a peer's exit must not change the status
+    _horovod.broadcast_object(None, root_rank=0)  # rank 0 wrote its checkpoint before it got here
+    signal_handling.end(RESUMABLE_EXIT, "")
 
 
 @dataclasses.dataclass
@@ -121,51 +115,33 @@ class PreemptionWatch:
     def __init__(self, signums: tuple[int, ...], timeout: float, on_expire: Callable[[], None],
                  describe: str) -> None:
         self.signums, self.timeout, self.on_expire, self.describe = signums, timeout, on_expire, describe
-        self._previous: dict[int, Any] = {}
+        self._catch: signal_handling.Catch | None = None
         self._note: _Note | None = None
         self._lock = threading.Lock()
         self._active = False
         self._sent = False  # this rank's note is in the optimizer's exchange
 
     def start(self) -> None:
-        """Installs the handlers (from the main thread only; elsewhere there is nothing to catch with)."""
-        if not self.signums or threading.current_thread() is not threading.main_thread():
-            return
-        interrupt.install()
-        interrupt.listen(self._noted)
-        for signum in self.signums:
-            self._previous[signum] = signal.getsignal(signum)
-            signal.signal(signum, self._handle)
-        self._active = True
+        """Catches the signals (from the main thread only; elsewhere there is nothing to catch with)."""
+        if self.signums and self._catch is None:
+            self._active = True
+            self._catch = signal_handling.catch(self.signums, self._noted)
+            self._active = self._catch is not None
 
     def stop(self, redeliver: bool) -> None:
-        """Puts the previous handlers back; with `redeliver`, a signal noted and not acted on is raised again,
-        to mean what it meant before (training ended before a step boundary could act on it)."""
+        """Lets the signals mean what they meant before; with `redeliver`, a signal noted and not acted on is
+        raised again, to mean that (training ended before a step boundary could act on it)."""
         self._active = False
-        interrupt.unlisten(self._noted)
-        for signum, previous in self._previous.items():
-            if signal.getsignal(signum) == self._handle:
-                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
+        catch, self._catch = self._catch, None
+        if catch is not None:
+            catch.release()
         self.reached_boundary()
         note, self._note = self._note, None
         if redeliver and note is not None:
             signal.raise_signal(note.signum)
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self._active:
-            self._noted(signum)
-            return
-        # Outside fit (it ended in an error, say): the signal means what it meant before.
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        self.stop(redeliver=False)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
-
     def _noted(self, signum: int) -> None:
+        # Called from the signal watch's thread as the signal arrives, and again from the main thread's handler.
         if signum not in self.signums or not self._active:
             return
         with self._lock:
@@ -179,15 +155,15 @@ class PreemptionWatch:
         note = self._note
         name = signal.Signals(note.signum).name if note else "the signal"
         status = 128 + (note.signum if note else signal.SIGTERM)
-        sys.stderr.write(f"\n{name}: kfast could not finish the current training step within {self.timeout:g} s of "
-                         f"the signal (a batch or a peer rank is stuck), so it ends without a step checkpoint, exit "
-                         f"status {status}; {self.describe}\n")
+        message = (f"\n{name}: kfast could not finish the current training step within {self.timeout:g} s of the "
+                   f"signal (a batch or a peer rank is stuck), so it ends without a step checkpoint, exit status "
+                   f"{status}; {self.describe}\n")
+        sys.stderr.write(message)
         sys.stderr.flush()
         try:
             self.on_expire()
-            loader_signals.clean_up()
         finally:
-            os._exit(status)
+            signal_handling.end(status, "")
 
     def requested(self) -> int | None:
         """The signal noted on this rank, or None."""
@@ -201,14 +177,14 @@ class PreemptionWatch:
         of its own: one step later, but free); otherwise they are summed in an allreduce here.
         """
         mine = self.requested()
-        if distributed.size() > 1:
+        if _horovod.size() > 1:
             if getattr(optimizer, "carries_stop", lambda: False)():
                 if mine and not self._sent:
                     optimizer.note_stop()
                     self._sent = True
                 if not optimizer.stop_agreed():
                     return None
-            elif not distributed.allreduce_sum_values([1.0 if mine else 0.0])[0]:
+            elif not _horovod.allreduce_sum_values([1.0 if mine else 0.0])[0]:
                 return None
         elif not mine:
             return None

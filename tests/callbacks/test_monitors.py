@@ -1,4 +1,5 @@
 import csv
+import gc
 import importlib.util
 import math
 import time
@@ -11,7 +12,6 @@ import pytest
 import datasets
 import kfast.callbacks
 import tb_events
-from kfast._core import callback_order
 from kfast._core import gpu_sampling
 from kfast.data import FastLoader
 
@@ -50,19 +50,56 @@ def test_gpu_monitor_without_a_gpu_warns_once_and_training_goes_on():
         cb.on_train_begin()  # the second run stays quiet
 
 
-def test_gpu_sampler_stops_when_training_raises():
-    class Boom(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            raise RuntimeError("boom")
+class _Boom(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        raise RuntimeError("boom")
 
-    cb = kfast.callbacks.GPUMonitor(interval=0.01, sampler=lambda: (50.0, 1))
-    with pytest.raises(RuntimeError, match="boom"):
-        _model().fit(datasets.Features(n=3), epochs=2, verbose=0, callbacks=[cb, Boom()])
-    thread = cb._thread
-    deadline = time.monotonic() + 5
+
+def _stops(thread, seconds=5):
+    deadline = time.monotonic() + seconds
     while thread.running and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not thread.running
+    return not thread.running
+
+
+def test_gpu_sampler_of_a_fit_that_raised_stops_once_no_step_begins(monkeypatch):
+    from kfast.callbacks import gpu_monitor
+
+    monkeypatch.setattr(gpu_monitor, "_IDLE_S", 0.3)
+    cb = kfast.callbacks.GPUMonitor(interval=0.01, sampler=lambda: (50.0, 1))
+    model = _model()
+    # The traceback is kept, as a notebook keeps the last one: it holds the fit's frames and their callbacks.
+    with pytest.raises(RuntimeError, match="boom") as raised:
+        model.fit(datasets.Features(n=3), epochs=2, verbose=0, callbacks=[cb, _Boom()])
+    thread = cb._thread
+    assert _stops(thread) and thread.idle and raised.value
+    history = model.fit(datasets.Features(n=3), epochs=2, verbose=0, callbacks=[cb])  # the monitor serves again
+    assert history.history["gpu_util_mean"] == [50.0, 50.0] and cb._thread is None
+
+
+def test_gpu_sampler_of_a_fit_that_raised_stops_when_its_monitor_is_collected():
+    cb = kfast.callbacks.GPUMonitor(interval=0.01, sampler=lambda: (50.0, 1))
+    with pytest.raises(RuntimeError, match="boom"):
+        _model().fit(datasets.Features(n=3), epochs=2, verbose=0, callbacks=[cb, _Boom()])
+    thread = cb._thread
+    assert thread.running  # no step has begun for a moment only: it goes on until the bound (10 minutes)
+    del cb
+    gc.collect()
+    assert _stops(thread)
+
+
+def test_gpu_sampler_goes_idle_without_beats_and_a_beat_starts_it_again():
+    sampler = gpu_sampling.GpuSampler(lambda: (10.0, 1), interval=0.01, idle_after=0.2).start()
+    assert _stops(sampler) and sampler.idle
+    sampler.take()
+    sampler.beat()
+    assert sampler.running and not sampler.idle
+    time.sleep(0.1)
+    assert sampler.take()  # sampling again
+    sampler.stop()
+    assert not sampler.running
+    sampler.beat()  # after stop() a beat starts nothing
+    assert not sampler.running
 
 
 def test_throughput_monitor_values_reach_history_and_csv(tmp_path):
@@ -151,33 +188,38 @@ def test_gpu_monitor_logs_the_same_keys_in_an_epoch_without_samples():
     assert sorted(logs) == sorted(gpu_sampling.KEYS) and all(math.isnan(v) for v in logs.values())
 
 
-class _Marked(keras.callbacks.Callback):
-    _writes_epoch_logs = True
-
+class _Named(keras.callbacks.Callback):
     def __init__(self, name):
         super().__init__()
-        self.name, self.began = name, 0
-
-    def on_train_begin(self, logs=None):
-        self.began += 1
-        callback_order.run_first(self)
+        self.name = name
 
 
-class _Plain(_Marked):
-    _writes_epoch_logs = False
+class _Writer(_Named):
+    _writes_epoch_logs = True
 
 
-def test_run_first_moves_marked_callbacks_ahead_and_keeps_every_order():
-    a, b, logger, other = _Marked("a"), _Marked("b"), _Plain("logger"), _Plain("other")
-    callbacks = keras.callbacks.CallbackList([logger, a, other, b], add_history=True)
-    callbacks.on_train_begin()
-    assert [getattr(c, "name", "history") for c in callbacks.callbacks] == ["a", "b", "logger", "other", "history"]
-    assert [c.began for c in (a, b, logger, other)] == [1, 1, 1, 1]  # each hook ran once while the list moved
-    assert callback_order.run_first(_Marked("alone")) == []  # in no list: nothing to reorder
+def test_ordered_puts_the_monitors_first_and_keeps_every_other_order():
+    a, b, logger, other = _Writer("a"), _Writer("b"), _Named("logger"), _Named("other")
+    given = [logger, a, other, b]
+    assert [c.name for c in kfast.callbacks.ordered(given)] == ["a", "b", "logger", "other"]
+    assert [c.name for c in given] == ["logger", "a", "other", "b"]  # the list passed is left as it was
+    assert kfast.callbacks.ordered(kfast.callbacks.ordered(given)) == kfast.callbacks.ordered(given)
+    assert kfast.callbacks.ordered(None) == [] and kfast.callbacks.ordered((a,)) == [a]
+    monitors = [kfast.callbacks.GPUMonitor(), kfast.callbacks.ThroughputMonitor(batch_size=4)]
+    assert kfast.callbacks.ordered([logger] + monitors) == monitors + [logger]
+    with pytest.raises(ValueError, match=r"ordered got str among the callbacks; pass keras.callbacks.Callback"):
+        kfast.callbacks.ordered([a, "TensorBoard"])
+
+
+def test_default_callbacks_put_a_monitor_ahead_of_metric_average_and_the_checkpoint(tmp_path):
+    callbacks = kfast.distributed.default_callbacks(str(tmp_path / "ckpt"))
+    names = [type(c).__name__ for c in kfast.callbacks.ordered(callbacks + [kfast.callbacks.GPUMonitor()])]
+    assert names == ["GPUMonitor", "BroadcastState", "LearningRateWarmup", "MetricAverage", "RankZeroCheckpoint"]
+    assert kfast.callbacks.ordered(callbacks) == callbacks  # already in the order they must run
 
 
 @pytest.mark.parametrize("monitors_first", [True, False], ids=["monitors-first", "monitors-last"])
-def test_monitor_values_reach_tensorboard_csv_and_history_in_either_order(monitors_first, tmp_path):
+def test_monitor_values_reach_tensorboard_csv_and_history_through_ordered(monitors_first, tmp_path):
     keys = ["steps_per_second", "step_time", "samples_per_second", "input_wait_fraction", "gpu_util_mean",
             "gpu_util_p10", "gpu_idle_fraction", "gpu_mem_used_max"]
     with FastLoader(datasets.Features(n=6), workers=1, use_multiprocessing=False) as loader:
@@ -186,8 +228,8 @@ def test_monitor_values_reach_tensorboard_csv_and_history_in_either_order(monito
         loggers = [keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))]
         if _HAS_TENSORFLOW:  # Keras's TensorBoard callback writes through tf.summary, on every backend
             loggers.insert(0, keras.callbacks.TensorBoard(str(tmp_path / "tb"), write_graph=False))
-        history = _model().fit(loader, epochs=2, verbose=0,
-                               callbacks=monitors + loggers if monitors_first else loggers + monitors)
+        callbacks = kfast.callbacks.ordered(monitors + loggers if monitors_first else loggers + monitors)
+        history = _model().fit(loader, epochs=2, verbose=0, callbacks=callbacks)
     h = history.history
     tb = tb_events.scalars(tmp_path / "tb" / "train") if _HAS_TENSORFLOW else {}
     with open(tmp_path / "log.csv") as f:
@@ -199,6 +241,17 @@ def test_monitor_values_reach_tensorboard_csv_and_history_in_either_order(monito
         assert [float(r[key]) for r in rows] == pytest.approx(h[key]), key
     assert h["gpu_util_mean"] == [40.0, 40.0] and h["gpu_mem_used_max"] == [3 << 20, 3 << 20]
     assert all(v > 0 for v in h["steps_per_second"])
+
+
+def test_a_monitor_after_a_logger_in_a_list_not_ordered_stays_where_keras_puts_it(tmp_path):
+    # Keras's order, unchanged by kfast (no callback moves itself): the logger before the monitor writes its
+    # line first; History, which Keras puts last, records the values.
+    monitor = kfast.callbacks.ThroughputMonitor(batch_size=32)
+    given = [keras.callbacks.CSVLogger(str(tmp_path / "log.csv")), monitor]
+    history = _model().fit(datasets.Features(n=3), epochs=1, verbose=0, callbacks=given)
+    assert given[1] is monitor and len(history.history["steps_per_second"]) == 1
+    with open(tmp_path / "log.csv") as f:
+        assert f.readline().strip() == "epoch,loss,val_loss"  # CSVLogger's columns, fixed by the first epoch
 
 
 def test_summary_of_no_samples_is_empty():

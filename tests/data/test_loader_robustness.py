@@ -68,7 +68,7 @@ def test_dataset_defined_on_stdin_works_in_worker_processes(tmp_path):
                 return np.full((2, 2), 2 * i, "int64")
 
         with FastLoader(Doubles(), workers=2, use_multiprocessing=True) as loader:
-            print([int(b[0, 0]) for b in loader], loader._pool.shm_batches + loader._pool.pickled_batches)
+            print([int(b[0, 0]) for b in loader], loader._stream._pool.shm_batches + loader._stream._pool.pickled_batches)
     """)
     proc = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120,
                           cwd=tmp_path, env=ENV)
@@ -199,7 +199,7 @@ def test_numeric_batches_travel_through_shared_memory():
     # The first batches asked for travel pickled: the slots are made for the first that comes back.
     with FastLoader(datasets.Squares(n=6), workers=2, max_queue_size=2) as loader:
         assert _ids(loader) == list(range(6)) and _ids(loader) == list(range(6))
-        assert loader._pool.pickled_batches <= 2 and loader._pool.shm_batches == 12 - loader._pool.pickled_batches
+        assert loader._stream._pool.pickled_batches <= 2 and loader._stream._pool.shm_batches == 12 - loader._stream._pool.pickled_batches
 
 
 def test_slots_grow_when_a_larger_batch_than_the_first_comes():
@@ -208,7 +208,7 @@ def test_slots_grow_when_a_larger_batch_than_the_first_comes():
     with FastLoader(datasets.Sized([2] + [64] * 9), workers=2, max_queue_size=2) as loader:
         assert _ids(loader) == list(range(10))
         assert _ids(loader) == list(range(10))
-        assert loader._pool.pickled_batches <= 3 and loader._pool.shm_batches >= 17
+        assert loader._stream._pool.pickled_batches <= 3 and loader._stream._pool.shm_batches >= 17
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root for a mount namespace")
@@ -221,7 +221,7 @@ def test_a_1_mib_dev_shm_works_with_a_warning(tmp_path):
         for mib in (0.25, 0.6):
             with FastLoader(datasets.Big(n=6, mib=mib), workers=2, max_queue_size=4) as loader:
                 ids = [int(x[0, 0]) for x, y in loader]
-                print(mib, ids, loader._pool.shm_batches, loader._pool.pickled_batches)
+                print(mib, ids, loader._stream._pool.shm_batches, loader._stream._pool.pickled_batches)
     """))
     command = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} {script}"
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
@@ -264,7 +264,7 @@ def test_diagnose_then_fit_sees_every_batch_once():
     model.compile("sgd", "mse")
     with FastLoader(datasets.Squares(n=70), workers=2, shuffle=True, seed=1) as loader:
         kfast.diagnose(model, loader, steps=4, warmup=1)
-        assert loader._consumed % len(loader)  # diagnose left the stream inside an epoch
+        assert 0 < loader.state_dict()["batches_done"] < len(loader)  # diagnose left its iteration inside an epoch
         predicted = _predicted_ids(keras.Sequential([keras.Input((3,)), keras.layers.Lambda(lambda t: t[:, :1])]),
                                    loader)
         model.fit(loader, epochs=1, verbose=0, callbacks=[Record()])
@@ -372,3 +372,33 @@ def test_a_forked_child_stopped_by_sigterm_leaves_the_parents_loaders_alone(tmp_
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:4] == ["[0, 1, 2, 3]", "child: True dir: True", "[0, 1, 2, 3]", "[0, 1, 2]"]
 
+
+
+@pytest.mark.timeout(180)
+def test_sighup_frees_the_loaders_and_ends_the_process_by_it_unless_the_user_handles_it(tmp_path):
+    marker, script = tmp_path / "stuck", tmp_path / "hup.py"
+    proc = _start_script(script, f"""
+        import signal
+        from kfast.data import FastLoader
+        def mine(signum, frame):
+            print("user's", signal.Signals(signum).name, flush=True)
+        signal.signal(signal.SIGTERM, mine)  # the user's own: kfast leaves it in charge
+        with FastLoader(datasets.Squares(n=3), workers=1) as loader:
+            print([int(x[0, 0]) for x, _ in loader], flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        print(list(FastLoader(datasets.Stuck(n=8, stuck=4, marker={str(marker)!r}), workers=2)))
+    """)
+    try:
+        _wait_for(marker, proc)
+        assert _pymp_dirs(script) and _shm_segments(proc.pid)  # there is something to clean up
+        descendants = _children(proc.pid)
+        proc.send_signal(signal.SIGHUP)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGHUP, err  # died of the signal, as without kfast
+        assert out.splitlines() == ["[0, 1, 2]", "user's SIGTERM"], out
+        _, alive = psutil.wait_procs(descendants, timeout=10)
+        assert not alive, alive
+        assert not _shm_segments(proc.pid) and not _pymp_dirs(script)
+    finally:
+        proc.kill()
+        proc.communicate()
