@@ -31,7 +31,7 @@ pack() {
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 "$dir"/kfast-*.whl "$keras_pin"
   done
-  cp "$here/gpu_check.sh" "$here/gpu_check.py" "$dir/"
+  cp "$here/gpu_check.sh" "$here/gpu_check_venv.sh" "$here/gpu_check.py" "$dir/"
   echo "Done ($(du -sh "$dir" | cut -f1)). Copy $dir to the GPU machine and run: bash $(basename "$dir")/gpu_check.sh"
 }
 
@@ -43,7 +43,7 @@ esac
 wheels=("$here"/kfast-*.whl "$here"/keras-*.whl)
 if [[ -e ${wheels[0]} && -e ${wheels[1]} ]]; then
   venv=${GPU_CHECK_VENV:-$here/venv}
-  [[ -x $venv/bin/python ]] || "$python" -m venv --system-site-packages "$venv"
+  [[ -x $venv/bin/python ]] || bash "$here/gpu_check_venv.sh" "$python" "$venv"
   echo "Installing $(basename "${wheels[0]}") and $(basename "${wheels[1]}") into $venv (no index; requirements" \
        "from $here or the system)"
   "$venv/bin/python" -m pip install -q --no-index --find-links "$here" "${wheels[@]}"

@@ -64,3 +64,20 @@ def test_without_pillow_the_workload_does_numpy_work_and_says_so(tmp_path, monke
     assert not list(tmp_path.glob("*.jpg"))
     for side in (plain, tuned):
         assert float(side["steps/s"]) > 0 and re.fullmatch(VERDICT, side["kfast.diagnose verdict"])
+
+
+def test_the_check_venv_sees_the_packages_of_a_python_that_is_itself_a_venv(tmp_path):
+    # GPU images keep JAX and PyTorch in a venv (/opt/torch/.venv on the H200 machines here): a venv made from
+    # it with --system-site-packages alone saw neither, and Keras fell back to TensorFlow (found on an H200).
+    parent = tmp_path / "parent"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True, timeout=120)
+    site = subprocess.run([str(parent / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    with open(os.path.join(site, "framework_of_the_image.py"), "w") as f:
+        f.write("NAME = 'jax'\n")
+    child = tmp_path / "check-venv"
+    subprocess.run(["bash", os.path.join(SCRIPTS, "gpu_check_venv.sh"), str(parent / "bin" / "python"), str(child)],
+                   check=True, timeout=120, capture_output=True)
+    seen = subprocess.run([str(child / "bin" / "python"), "-c", "import framework_of_the_image as m; print(m.NAME)"],
+                          capture_output=True, text=True, timeout=60)
+    assert seen.returncode == 0 and seen.stdout.strip() == "jax", seen.stderr
