@@ -1,6 +1,7 @@
 # Two commands do everything (see README): `make demo` and `make test`.
 # Each one creates or refreshes .venv first; a second run skips the setup when nothing changed.
 # `make docs` builds the documentation site (mkdocs.yml, docs/) into site/.
+# `make check` runs the fast tier of the tests, in minutes: the ones to run often while working.
 
 VENV := .venv
 STAMP := $(VENV)/.kfast-setup-done
@@ -9,11 +10,11 @@ GPU_VENV := .venv-gpu-build
 # Keras on JAX and on PyTorch (CPU builds), without TensorFlow: the tests of what kfast offers on every backend.
 BACKEND_STAMPS := .venv-jax/.kfast-setup-done .venv-torch/.kfast-setup-done
 BACKEND_INPUTS := setup.cfg pyproject.toml constraints.txt constraints-backends.txt scripts/setup_backend_env.sh
-BACKEND_TESTS := tests/test_backends.py tests/data/test_loader.py tests/data/test_loader_robustness.py \
-	tests/test_diagnose.py tests/test_tune.py tests/callbacks/test_monitors.py tests/test_gpu_check.py \
-	tests/data/test_fill.py tests/data/test_loader_order.py tests/test_diagnose_data.py
+# The slow tiers (pytest markers, registered in setup.cfg and given in tests/conftest.py): `make check` runs
+# every test that has none of them.
+SLOW_TIERS := distributed or multihost or slurm or slow
 
-.PHONY: demo test docs setup multihost-setup gpu-build-check backend-setup test-backends clean
+.PHONY: demo test check docs setup multihost-setup gpu-build-check backend-setup test-backends clean
 
 setup: $(STAMP)
 
@@ -46,15 +47,20 @@ $(BACKEND_STAMPS): $(BACKEND_INPUTS)
 	bash scripts/setup_backend_env.sh $(patsubst .venv-%/.kfast-setup-done,%,$@)
 	touch $@
 
+# The tests marked `backends` (tests/conftest.py's BACKEND_MODULES), with Keras on JAX and on PyTorch.
 # PyTorch's OpenMP threads spin while they wait: on a busy 2-core machine they stretched the tests' 1 ms steps
 # to as much as 120 ms and flipped timing verdicts, so its run computes on one thread.
 test-backends: $(BACKEND_STAMPS)
-	KERAS_BACKEND=jax .venv-jax/bin/pytest $(BACKEND_TESTS)
-	KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest $(BACKEND_TESTS)
+	KERAS_BACKEND=jax .venv-jax/bin/pytest -m backends
+	KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest -m backends
 
-# The docs build first, with --strict: a broken link, a missing page or an API name that does not resolve fails.
+# The fast tier: no job of several ranks, no harness, no whole recipe, docs site or type check.
+check: $(STAMP)
+	$(VENV)/bin/pytest -m "not ($(SLOW_TIERS))"
+
+# Every tier. The docs site is built once, with --strict, by tests/test_docs.py (a broken link, a missing page
+# or an API name that does not resolve fails it).
 test: $(STAMP) multihost-setup gpu-build-check backend-setup
-	$(MKDOCS) build --strict
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory test-backends
 

@@ -52,6 +52,24 @@ def horovodrun():
     return run
 
 
+def run_horovodrun(script, *args, np=2, timeout=240, expect_fail=False, env=None, cwd=REPO):
+    """What the `horovodrun` fixture runs, as a plain function: one job, its output returned."""
+    cmd = [_horovodrun(), "-np", str(np), "-H", f"localhost:{np}", "--gloo",
+           sys.executable, os.path.join(REPO, script), *map(str, args)]
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return job_output(cmd, lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                                  env=full_env, cwd=cwd, start_new_session=True),
+                      timeout=timeout, expect_fail=expect_fail)
+
+
+@pytest.fixture(scope="module")
+def horovodrun_module():
+    """The `horovodrun` fixture for a module-scoped fixture: one job that several tests share, each asserting
+    its own part of what the job wrote (tests/distributed/test_tf_data.py). A test that uses it is marked
+    `distributed` like one that uses `horovodrun` (tests/conftest.py)."""
+    return run_horovodrun
+
+
 def wait_for_file(proc, path, timeout):
     """Waits until `path` exists while `proc` runs; fails with the process's output if it ends first or
     `timeout` seconds pass."""

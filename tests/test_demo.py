@@ -4,9 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
 
 
+@pytest.mark.slow
 def test_the_starved_model_demo_diagnoses_tunes_and_compares(tmp_path):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KFAST_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "demo_starved.py"), str(tmp_path),

@@ -82,6 +82,7 @@ def test_the_guides_have_python_blocks_to_run_and_few_skipped():
     assert len(BLOCKS) >= 8 and len(skipped) <= 3, [p.id for p in skipped]
 
 
+@pytest.mark.slow  # each block in a fresh Python that imports TensorFlow
 @pytest.mark.parametrize(("page", "block"), BLOCKS)
 def test_the_block_runs_as_written(page, block, tmp_path):
     reason = _skip_reason(page, block)

@@ -20,7 +20,7 @@ import pytest
 
 from helpers import REPO
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]  # builds an sdist and two wheels, makes a venv
 
 _CHECK = """
 import importlib, importlib.util, os, pkgutil, sys

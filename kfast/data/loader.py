@@ -288,7 +288,7 @@ class FastLoader(keras.utils.PyDataset):
                 if previous.done:
                     previous.finish()  # every batch handed out; only the look past its end was not asked for
                 else:
-                    previous.stale = True
+                    self._abandon(previous)
             plan = self._cursor.begin(shuffled)
             ahead, self._ahead = self._ahead, None  # see kfast.data._epoch.load_ahead
             stream = self._stream
@@ -299,9 +299,16 @@ class FastLoader(keras.utils.PyDataset):
             self._current = EpochIterator(self, plan, list(adopted), stream.generation)
             return self._current
 
+    def _abandon(self, it: EpochIterator) -> None:
+        # An epoch left early still ends: the dataset's on_epoch_end follows its on_epoch_begin, as Keras calls
+        # them around its first look at one batch (the JAX and PyTorch trainers build the model so).
+        it.stale = True
+        if it.began:
+            self._epoch_ends(it)
+
     def _drop_iteration(self) -> None:
         if self._current is not None and not self._current.finished:
-            self._current.stale = True
+            self._abandon(self._current)
         self._current, self._ahead = None, None
         self._stream.close()
 

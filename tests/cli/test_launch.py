@@ -9,6 +9,8 @@ import pytest
 
 KFAST = os.path.join(os.path.dirname(sys.executable), "kfast")
 PY = sys.executable
+# Each `kfast launch --dry-run` is a fresh Python that imports TensorFlow: several seconds per test.
+pytestmark = pytest.mark.slow
 
 
 def launch(*args, cwd, env=None):

@@ -12,6 +12,8 @@ import pytest
 
 from helpers import REPO
 
+pytestmark = pytest.mark.distributed  # kfast launch -np 2: real horovodrun
+
 KFAST = os.path.join(os.path.dirname(sys.executable), "kfast")
 SCRIPT = os.path.join(REPO, "tests", "distributed", "preempt_script.py")
 

@@ -336,7 +336,10 @@ def test_keras_pydataset_conventions_in_fit(use_multiprocessing):
     with FastLoader(data, workers=2, use_multiprocessing=use_multiprocessing) as loader:
         history = model.fit(loader, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
-    assert data.hooks == ["begin", "end", "begin", "end"]
+    # Keras on JAX and PyTorch first reads one batch to build the model: an epoch of its own for the hooks, as
+    # for any PyDataset (Keras calls on_epoch_begin and on_epoch_end around it).
+    epochs = 2 if keras.backend.backend() == "tensorflow" else 3
+    assert data.hooks == ["begin", "end"] * epochs
 
 
 def test_a_worker_error_inside_fit_reaches_the_training_process():

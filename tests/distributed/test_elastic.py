@@ -18,6 +18,7 @@ from kfast.distributed import elastic
 KFAST = os.path.join(os.path.dirname(sys.executable), "kfast")
 
 
+@pytest.mark.single_process
 @pytest.mark.parametrize("size, start, shards", [
     (3, 4, [[4, 7], [5, 8], [6, 9]]),  # 6 batches left for 3 ranks
     (2, 5, [[5, 7], [6, 8]]),  # 5 left: the trailing one waits for the next epoch (fewer than the ranks)
@@ -28,6 +29,7 @@ def test_a_shard_can_start_mid_epoch(size, start, shards):
     assert got == shards
 
 
+@pytest.mark.single_process
 def test_a_shard_past_the_end_says_so():
     with pytest.raises(ValueError, match="the dataset has 1 batches for 2 ranks"):
         kfast.data.shard(list(range(10)), 0, 2, start=9)
@@ -35,6 +37,7 @@ def test_a_shard_past_the_end_says_so():
         kfast.data.shard(list(range(10)), 0, 2, start=-1)
 
 
+@pytest.mark.single_process
 def test_restore_puts_back_the_last_commit():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(keras.optimizers.Adam(0.1), "mse")
@@ -55,6 +58,7 @@ def test_restore_puts_back_the_last_commit():
     assert checkpoint.training_state(model)["lr_warmup"] == {"base_lr": 0.1}
 
 
+@pytest.mark.single_process
 @pytest.mark.parametrize("message", [
     "[_Derived_]{{function_node __inference_one_step_on_data_123}} HorovodGroupedAllreduce_kfast.grads_0 failed",
     "Horovod has been shut down. This was caused by an exception on one of the ranks",
@@ -64,6 +68,7 @@ def test_a_failed_collective_counts_as_a_lost_rank(message):
     assert not elastic._is_lost_rank(ValueError("Input 0 of layer dense is incompatible with the layer"))
 
 
+@pytest.mark.single_process
 def test_elastic_launch_commands():
     cmd = launch_command(3, "a:2,b:2", None, "tabular", ["--epochs", "2"], python="py",
                          elastic={"min_np": 2, "max_np": 4, "discovery": None})
@@ -78,6 +83,7 @@ def test_elastic_launch_commands():
         launch_command(2, "a:2", None, "tabular", [], elastic={"min_np": 1, "max_np": 2, "discovery": "s.sh"})
 
 
+@pytest.mark.distributed  # kfast launch -np 2 --elastic
 @pytest.mark.timeout(300)
 def test_an_elastic_recipe_trains_under_kfast_launch(tmp_path):
     proc = subprocess.run([KFAST, "launch", "-np", "2", "--elastic", "--min-np", "1", "tabular", "--epochs", "2",
@@ -122,6 +128,8 @@ print("COMMITS", seen)
 """
 
 
+@pytest.mark.single_process  # Horovod in one process, no horovodrun
+@pytest.mark.slow
 def test_no_commit_at_an_epoch_s_last_step(tmp_path):
     # A reset raised at a commit after an epoch's last batch restored a position with no batch left, and the
     # epoch then counted as done without its on_epoch_end (the multi-host rejoin test saw an epoch missing).

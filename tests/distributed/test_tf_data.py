@@ -25,17 +25,19 @@ def image_folder(root, per_class=9, seed=0):
     return root
 
 
-@pytest.fixture
-def images(tmp_path):
-    return image_folder(tmp_path / "images")
+@pytest.fixture(scope="module")
+def job(horovodrun_module, tmp_path_factory):
+    """One horovodrun job for both tests: the sharded fit, then the mismatched step counts. Returns the
+    folder the ranks wrote to and the job's output."""
+    out = tmp_path_factory.mktemp("tf_data")
+    return out, horovodrun_module(SCRIPT, "fit,mismatch", out, image_folder(out / "images"))
 
 
-def test_a_sharded_image_pipeline_trains_equal_steps_to_identical_weights_and_evaluates_globally(
-        horovodrun, tmp_path, images):
-    horovodrun(SCRIPT, "fit", tmp_path, images)
+def test_a_sharded_image_pipeline_trains_equal_steps_to_identical_weights_and_evaluates_globally(job):
+    out, _ = job
     ranks = []
     for r in (0, 1):
-        with open(tmp_path / f"fit-rank{r}.json") as f:
+        with open(out / f"fit-rank{r}.json") as f:
             ranks.append(json.load(f))
     assert ranks[0]["batches"] == 5  # 18 images in batches of 4: the odd batch is dropped for training
     assert ranks[0]["steps"] == ranks[1]["steps"] == [2, 2]
@@ -49,8 +51,8 @@ def test_a_sharded_image_pipeline_trains_equal_steps_to_identical_weights_and_ev
     assert ranks[0]["val_loss"][-1] == pytest.approx(ranks[0]["alone"]["loss"], rel=1e-5)
 
 
-def test_unequal_steps_fail_before_the_first_step_naming_every_count(horovodrun, tmp_path, images):
-    out = horovodrun(SCRIPT, "mismatch", tmp_path, images, timeout=240)
+def test_unequal_steps_fail_before_the_first_step_naming_every_count(job):
+    _, out = job
     for r in (0, 1):
         cases = {line.split(":")[0].removeprefix("CASE "): line for line in out.splitlines()
                  if f"[{r}]<stdout>:CASE " in line for line in [line.split("]<stdout>:", 1)[1]]}

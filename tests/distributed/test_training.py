@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -11,6 +12,19 @@ import psutil
 import pytest
 
 SCRIPT = "tests/distributed/train_script.py"
+# The modes that end normally, all in one job (train_modes.py); a killed rank and the resume after it have
+# jobs of their own.
+SHARED_MODES = ["sync", "nosync", "equiv", "equiv_spe", "equiv_accum", "equiv_fp16", "uneven", "full",
+                "warmup_resume"]
+SHARED_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def shared(horovodrun_module, tmp_path_factory):
+    """The folder where one horovodrun job ran every mode of SHARED_MODES, each writing <mode>-rank<r>.json."""
+    out = tmp_path_factory.mktemp("shared")
+    horovodrun_module("tests/distributed/train_modes.py", out, *SHARED_MODES, timeout=SHARED_TIMEOUT_S)
+    return out
 
 
 def _results(out, mode):
@@ -21,27 +35,23 @@ def _results(out, mode):
     return results
 
 
-def test_ranks_end_bit_identical_only_with_distributed_optimizer(horovodrun, tmp_path):
-    horovodrun(SCRIPT, "sync", tmp_path)
-    rank0, rank1 = _results(tmp_path, "sync")
+def test_ranks_end_bit_identical_only_with_distributed_optimizer(shared):
+    rank0, rank1 = _results(shared, "sync")
     assert rank0["state"] == rank1["state"]  # weights and Adam's state, bit for bit
-    horovodrun(SCRIPT, "nosync", tmp_path)
-    rank0, rank1 = _results(tmp_path, "nosync")
+    rank0, rank1 = _results(shared, "nosync")
     assert rank0["state"] != rank1["state"]  # the check above can fail
 
 
 @pytest.mark.parametrize("mode", ["equiv", "equiv_spe", "equiv_accum"])
-def test_two_ranks_of_batch_b_match_one_rank_of_batch_2b(horovodrun, tmp_path, mode):
-    horovodrun(SCRIPT, mode, tmp_path)
-    rank0, rank1 = _results(tmp_path, mode)
+def test_two_ranks_of_batch_b_match_one_rank_of_batch_2b(shared, mode):
+    rank0, rank1 = _results(shared, mode)
     assert rank0["weights"] == rank1["weights"]
     for got, want in zip(rank0["weights"], rank0["reference"]):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-def test_fp16_compression_across_two_ranks_stays_within_fp16_tolerance(horovodrun, tmp_path):
-    horovodrun(SCRIPT, "equiv_fp16", tmp_path)
-    rank0, rank1 = _results(tmp_path, "equiv_fp16")
+def test_fp16_compression_across_two_ranks_stays_within_fp16_tolerance(shared):
+    rank0, rank1 = _results(shared, "equiv_fp16")
     assert rank0["weights"] == rank1["weights"]
     for got, want in zip(rank0["weights"], rank0["reference"]):
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=2e-3)
@@ -54,9 +64,8 @@ def _warmup_rates(size, epochs=6, warmup=5, steps=3, base=0.05):
             for b in range(steps)]
 
 
-def test_resume_at_every_epoch_of_the_warmup_gives_the_uninterrupted_rates(horovodrun, tmp_path):
-    horovodrun(SCRIPT, "warmup_resume", tmp_path, timeout=400)
-    rank0, rank1 = _results(tmp_path, "warmup_resume")
+def test_resume_at_every_epoch_of_the_warmup_gives_the_uninterrupted_rates(shared, tmp_path):
+    rank0, rank1 = _results(shared, "warmup_resume")
     assert rank0["uninterrupted"] == rank1["uninterrupted"]
     np.testing.assert_allclose(rank0["uninterrupted"], _warmup_rates(2), rtol=0, atol=1e-7)
     for stop, resumed in rank0["resumed"].items():
@@ -66,7 +75,9 @@ def test_resume_at_every_epoch_of_the_warmup_gives_the_uninterrupted_rates(horov
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=stop)
         assert resumed["state"] == rank1["resumed"][stop]["state"]
 
-    # The run stopped after 2 epochs on 2 ranks, resumed on 1: the same base rate, scaled by 1.
+    # The run stopped after 2 epochs on 2 ranks, resumed on 1: the same base rate, scaled by 1 (in a copy of
+    # the stopped checkpoints, which the other tests' shared folder keeps as they were).
+    shutil.copytree(shared / "ckpt-2-stopped", tmp_path / "ckpt-2-stopped")
     proc = subprocess.run([sys.executable, SCRIPT, "resume_one_rank", str(tmp_path)], capture_output=True,
                           text=True, timeout=240, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -77,19 +88,17 @@ def test_resume_at_every_epoch_of_the_warmup_gives_the_uninterrupted_rates(horov
     np.testing.assert_allclose(one["rates"], [0.05] * (4 * 3), rtol=0, atol=1e-9)
 
 
-def test_uneven_dataset_trains_to_the_end_and_metrics_average_exactly(horovodrun, tmp_path):
-    horovodrun(SCRIPT, "uneven", tmp_path)
-    for result in _results(tmp_path, "uneven"):
+def test_uneven_dataset_trains_to_the_end_and_metrics_average_exactly(shared):
+    for result in _results(shared, "uneven"):
         assert result["loader_len"] == 3  # 7 batches over 2 ranks, mode "drop"
         assert result["steps"] == 6  # 2 epochs, same count on both ranks
         assert result["averaged"] == {"loss": 0.5, "val_acc": 5.0, "name": "text"}
 
 
-def test_killed_rank_ends_the_job_and_resume_matches_an_uninterrupted_run(horovodrun, tmp_path):
-    full, broken = tmp_path / "full", tmp_path / "broken"
-    full.mkdir(), broken.mkdir()
-    horovodrun(SCRIPT, "full", full)
-    (uninterrupted, _) = _results(full, "full")
+def test_killed_rank_ends_the_job_and_resume_matches_an_uninterrupted_run(horovodrun, shared, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (uninterrupted, _) = _results(shared, "full")
     assert uninterrupted["files"] == ["best.keras", "epoch-0002.keras", "epoch-0003.keras", "epoch-0004.keras"]
 
     start = time.monotonic()
@@ -111,13 +120,12 @@ def test_killed_rank_ends_the_job_and_resume_matches_an_uninterrupted_run(horovo
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
-def test_checkpoint_loads_without_kfast_or_horovod(horovodrun, tmp_path):
-    horovodrun(SCRIPT, "full", tmp_path)
-    (trained, _) = _results(tmp_path, "full")
+def test_checkpoint_loads_without_kfast_or_horovod(shared, tmp_path):
+    (trained, _) = _results(shared, "full")
     state = tmp_path / "loaded.json"
     code = ("import sys, json; sys.modules['kfast'] = sys.modules['horovod'] = None\n"
             "import keras, numpy as np\n"
-            f"m = keras.saving.load_model({str(tmp_path / 'ckpt' / 'epoch-0004.keras')!r})\n"
+            f"m = keras.saving.load_model({str(shared / 'ckpt' / 'epoch-0004.keras')!r})\n"
             "s = [v.numpy().tolist() for v in m.weights] + [np.asarray(v.numpy()).tolist() for v in m.optimizer.variables]\n"
             f"json.dump([type(m.optimizer).__name__, s], open({str(state)!r}, 'w'))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,

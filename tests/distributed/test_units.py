@@ -11,6 +11,8 @@ import kfast.callbacks
 from kfast.distributed import checkpoint
 from kfast.data import shard
 
+pytestmark = pytest.mark.single_process  # no horovodrun here: these stay in the fast tier (make check)
+
 
 def test_warmup_follows_the_linear_scaling_rule_per_batch():
     cb = kfast.callbacks.LearningRateWarmup(initial_lr=0.1, warmup_epochs=2, multiplier=4, steps_per_epoch=5)

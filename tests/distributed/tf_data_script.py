@@ -1,8 +1,10 @@
-"""Run under horovodrun by tests/distributed/test_tf_data.py: python tf_data_script.py MODE OUTDIR IMAGES.
+"""Run under horovodrun by tests/distributed/test_tf_data.py: python tf_data_script.py MODES OUTDIR IMAGES.
 
-fit: an image_dataset_from_directory pipeline sharded by kfast.data.shard, trained and evaluated on 2
-ranks; each rank writes OUTDIR/fit-rank<r>.json. mismatch: data whose step counts differ between ranks
-(tf.data, a PyDataset, a generator) and an unseeded pipeline; each rank prints what each fit raised."""
+MODES is one mode or several, comma-separated, run in that order in the same job (one horovodrun start for
+the tests that share it). fit: an image_dataset_from_directory pipeline sharded by kfast.data.shard, trained
+and evaluated on 2 ranks; each rank writes OUTDIR/fit-rank<r>.json. mismatch: data whose step counts differ
+between ranks (tf.data, a PyDataset, a generator) and an unseeded pipeline; each rank prints what each fit
+raised."""
 
 import json
 import os
@@ -118,5 +120,7 @@ def mismatch(out, directory):
 
 if __name__ == "__main__":
     distributed.init()
-    mode, out, directory = sys.argv[1:4]
-    {"fit": fit, "mismatch": mismatch}[mode](out, directory)
+    modes, out, directory = sys.argv[1:4]
+    for mode in modes.split(","):
+        {"fit": fit, "mismatch": mismatch}[mode](out, directory)
+        print(f"rank {distributed.rank()} done {mode}", flush=True)

@@ -10,6 +10,8 @@ from nbclient import NotebookClient
 from helpers import REPO
 
 
+@pytest.mark.slow
+@pytest.mark.distributed  # its last cell runs `kfast launch -np 2`
 @pytest.mark.timeout(600)
 def test_quickstart_notebook_executes(tmp_path):
     shutil.copy(os.path.join(REPO, "notebooks", "quickstart.ipynb"), tmp_path)
