@@ -375,3 +375,16 @@ class NamedPairs(Squares):
     def __getitem__(self, i):
         x, y = super().__getitem__(i)
         return Pair(x, y)
+
+
+class SizedFills(Sized):
+    """`Sized` with `fill_batch`: batch i's rows written into arrays shaped like batch 0's (`rows[0]` rows,
+    the most of any batch here), 300 float32 features so that one batch spans more than a page."""
+
+    def __getitem__(self, i):
+        return np.full((self.rows[i], 300), i, "float32"), np.full((self.rows[i], 2), i, "int64")
+
+    def fill_batch(self, i, out):
+        x, y = out
+        x[:self.rows[i]], y[:self.rows[i]] = i, i
+        return self.rows[i]

@@ -9,6 +9,8 @@ loader then hands out only those. This module imports numpy and kfast's structur
 processes load it.
 """
 
+import math
+
 import numpy as np
 
 from kfast.data import structure
@@ -47,6 +49,12 @@ def fill(fill_batch, index, template, buffer=None, offset=0):
     # The first `rows` samples of a C-ordered array are its first bytes, so the short batch keeps its offsets.
     layout = [(dtype, (rows,) + tuple(shape[1:]) if shape else shape, at) for dtype, shape, at in layout]
     return layout, [leaf[:rows] if leaf.ndim else leaf for leaf in leaves]
+
+
+def nbytes(template):
+    """Bytes the template's arrays span in a slot (its last leaf's end)."""
+    _, layout = template
+    return max((at + math.prod(shape) * np.dtype(dtype).itemsize for dtype, shape, at in layout), default=0)
 
 
 def template_of(dataset):

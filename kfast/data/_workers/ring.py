@@ -130,7 +130,11 @@ class Ring:
         for dtype, shape, offset in layout:
             dtype = _dtype(dtype)
             # math.prod, not np.prod: this runs for every leaf of every batch, and np.prod costs microseconds.
-            leaves.append(holder[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape))
+            end = offset + math.prod(shape) * dtype.itemsize
+            if end > self.slot_bytes:
+                raise RuntimeError(f"a batch laid out to byte {end} came back in a shared-memory slot of "
+                                   f"{self.slot_bytes} bytes; this is a bug in kfast, please report it")
+            leaves.append(holder[offset:end].view(dtype).reshape(shape))
         return leaves
 
     def unlink(self):

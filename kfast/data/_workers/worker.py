@@ -15,6 +15,7 @@ dataset's code is stuck), so the loader can say where a slow batch is.
 from __future__ import annotations
 
 import faulthandler
+import mmap
 import os
 import pickle
 import random
@@ -28,6 +29,7 @@ import numpy as np
 from kfast.data import structure
 from kfast.data._workers import fill
 from kfast.data._workers import messages
+from kfast.data._workers import ring as _ring
 
 
 def _watch_parent(lifeline):
@@ -70,26 +72,46 @@ def seed_batch(seed, epoch, index):
     random.seed(int.from_bytes(state.tobytes(), "little"))
 
 
-def _attach(name):
-    from multiprocessing import shared_memory
+class _Mapping:
+    """A worker's view of the ring's segment: mapped by path, unknown to multiprocessing's resource tracker.
 
+    `SharedMemory(name=...)` registers the segment with the tracker again from the worker (Python before
+    3.13), and that message can reach the tracker after the loader's own unregister of an old ring: the
+    tracker then reports a leaked segment at exit, and tries to unlink a name already gone. The loader
+    alone owns the segment, so workers map it without a word to the tracker.
+    """
+
+    def __init__(self, fd):
+        self._map = mmap.mmap(fd, os.fstat(fd).st_size)
+        self.buf = memoryview(self._map)
+
+    def close(self):
+        self.buf.release()
+        self._map.close()
+
+
+def _attach(name):
     if name is None:
         return None
-    # Workers share the parent's resource tracker, so attaching adds no second owner: the parent
-    # unlinks the segment on close, and the tracker does if the parent dies.
     try:
-        return shared_memory.SharedMemory(name=name)
+        fd = os.open(os.path.join(_ring.SHM_DIR, name.lstrip("/")), os.O_RDWR)
     except FileNotFoundError:
         # A worker that started late, or read its pipe late: the loader has grown the slots since and
         # unlinked this segment; the newer one's NewRing is queued behind. Its tasks travel pickled.
         return None
+    try:
+        return _Mapping(fd)
+    finally:
+        os.close(fd)
 
 
 def _load(dataset, task, shm, slot_bytes, template):
     """Loads `task`'s batch and returns the reply that carries it (`wanted`: the slot size it needs)."""
     index, slot = task.index, task.slot
     fill_batch = fill.method(dataset) if template is not None else None
-    if fill_batch is not None and shm is not None and slot >= 0:
+    # Batch 0's arrays must fit the slot: the slots were sized by the first batch to come back, which may
+    # be the short last one (a shuffled epoch), and writing past a slot would overwrite the next one.
+    if fill_batch is not None and shm is not None and slot >= 0 and fill.nbytes(template) <= slot_bytes:
         # Straight into the slot: the batch is written once, where the training process will read it.
         layout, _ = fill.fill(fill_batch, index, template, shm.buf, slot * slot_bytes)
         return messages.InSharedMemory(task.seq, template[0], layout)
