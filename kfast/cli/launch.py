@@ -153,7 +153,7 @@ def _hosts(args: argparse.Namespace) -> tuple[str | None, int | None]:
     """The -H list and the default -np: from -H, the host file, or the Slurm allocation (printed)."""
     from kfast import cluster
 
-    if args.hosts:
+    if args.hosts is not None:  # -H "" is an error (launch_command says so), not "no -H"
         if args.hostfile:
             raise ValueError("pass either -H or --hostfile, not both.")
         slots = [h.rsplit(":", 1)[-1] for h in args.hosts.split(",")]

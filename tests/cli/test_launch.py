@@ -55,6 +55,10 @@ def test_a_host_file_and_the_np_it_implies(tmp_path):
     proc = launch("--dry-run", "tabular", cwd=tmp_path)  # no hosts, no -np, no Slurm
     assert proc.returncode == 2
     assert "-np is missing: give it, or hosts with -H, --hostfile or a Slurm allocation" in proc.stderr
+    # An empty -H (an unset shell variable, `-H "$HOSTS"`) is an error, not a run on this machine.
+    proc = launch("-np", "2", "-H", "", "--dry-run", "tabular", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "-H '' names no host; expected host:slots[,host:slots...]" in proc.stderr
 
 
 @pytest.mark.timeout(300)
