@@ -13,8 +13,15 @@ class ThroughputMonitor(EpochClock):
 
     It uses epoch hooks only (no per-batch work, so Keras keeps its asynchronous dispatch). With a kfast
     `FastLoader` passed as `loader`, samples are counted exactly and `input_wait_fraction` is the share of
-    the epoch the training loop spent blocked waiting for the next batch: near 0 means the input keeps
-    up, large means the model is starved. Without a loader, pass `batch_size` for samples/s.
+    the epoch's training time spent blocked waiting for the next batch: near 0 means the input keeps up,
+    large means the model is starved. Without a loader, pass `batch_size` for samples/s.
+
+    `input_wait_fraction` is the input wait part of kfast's one accounting of a step (compute, input
+    wait, other: hand-off, conversion, framework), under the name `kfast.diagnose` prints it; the rest,
+    `1 - input_wait_fraction`, is compute and other together, which only `kfast.diagnose` tells apart (it
+    times the model alone). The wait is read from the loader's own counter, so it is the wait of whoever
+    reads the loader: on TensorFlow, Keras reads it from a prefetching thread, whose wait also covers the
+    model's compute when the input is the limit; there the share is an upper bound of the step's.
 
     A `tf.data.Dataset` may be passed as `loader` too. Samples/s then counts `steps x batch size`, the
     batch size read from the dataset's `element_spec` when it fixes one (`batch(n, drop_remainder=True)`),

@@ -5,6 +5,8 @@ The dataset's `__getitem__` does what slow input pipelines do: some Python work 
 time). Keras's PyDataset, as most users leave it (`workers=1`, no processes), loads one batch at a time
 inside the training loop. `kfast.tune` measures settings with the model training and picks the workers
 that feed it; the second diagnosis shows what changed. Prints both side by side and writes both pictures.
+The table's shares of a step (compute, input wait, other) are the diagnoses' own (`Diagnosis.shares`), the
+numbers their text and pictures show.
 
     python scripts/demo_starved.py OUT_DIR [--batches N] [--budget S]
 """
@@ -54,7 +56,7 @@ def build_model() -> keras.Model:
 
 
 def row(name: str, before: str, after: str) -> str:
-    return f"  {name:<24}{before:>22}{after:>22}"
+    return f"  {name:<26}{before:>22}{after:>22}"
 
 
 def main() -> None:
@@ -85,11 +87,15 @@ def main() -> None:
     print("\n== Before and after")
     print(row("", "PyDataset", f"FastLoader({result.settings.workers} workers)"))
     print(row("verdict", before.verdict, after.verdict))
-    print(row("waiting for input", f"{before.input_wait_fraction:.0%}", f"{after.input_wait_fraction:.0%}"))
+    # One accounting (kfast._core.step_shares): the same shares, names and rounding as the diagnoses print.
+    was, now, labels = before.shares.percents(), after.shares.percents(), after.shares.labels()
+    for part, label in labels.items():
+        print(row(f"{label.split(' (')[0]}, % of step", f"{was[part]}%", f"{now[part]}%"))
     print(row("training steps/s", f"{before.end_to_end_steps_per_s:.1f}", f"{after.end_to_end_steps_per_s:.1f}"))
     print(row("model alone, steps/s", f"{before.compute_steps_per_s:.1f}", f"{after.compute_steps_per_s:.1f}"))
     speedup = after.end_to_end_steps_per_s / before.end_to_end_steps_per_s
-    print(f"\n  {speedup:.1f}x the training steps/s; pictures: {args.out}/before.png, {args.out}/after.png")
+    print(f"\n  other = {labels['other']}")
+    print(f"  {speedup:.1f}x the training steps/s; pictures: {args.out}/before.png, {args.out}/after.png")
 
 
 if __name__ == "__main__":

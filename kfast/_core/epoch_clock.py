@@ -15,6 +15,8 @@ from typing import Any
 
 import keras
 
+from kfast._core.step_shares import input_wait_share
+
 # The clock, a module attribute so tests can script time without touching any signature.
 _clock = time.perf_counter
 
@@ -30,8 +32,9 @@ class EpochSpan:
 
     @property
     def input_wait_fraction(self) -> float:
-        """The share of the epoch's training time spent waiting for input, in [0, 1]."""
-        return min(1.0, self.waiting / max(1e-9, self.seconds))
+        """The share of the epoch's training time spent waiting for input, in [0, 1]: the input wait part
+        of kfast's one accounting of a step (NOTE [ One accounting of a step ] in `kfast._core.step_shares`)."""
+        return input_wait_share(self.waiting, self.seconds)
 
 
 class EpochClock(keras.callbacks.Callback):

@@ -1,5 +1,11 @@
 """What a diagnosis tells the user to change, naming only what accepts the data they gave: FastLoader for
-Python datasets it can wrap, tf.data's own knobs and `kfast.tune` for a `tf.data.Dataset`."""
+Python datasets it can wrap, tf.data's own knobs and `kfast.tune` for a `tf.data.Dataset`.
+
+Every piece of advice is an action, never the value already set: a loader at the most workers the advice
+proposes (twice the cores) is told that the CPU is the limit and how to make loading cheaper, a model
+already on mixed precision is not told to use it, and `steps_per_execution` and `max_queue_size` are
+raised from what they are (tests/test_diagnose_advice.py walks every branch).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,8 @@ TF_DATA = "tf.data.Dataset"
 
 @dataclass(frozen=True)
 class Facts:
-    """What the advice is drawn from (seconds per step at the typical times)."""
+    """What the advice is drawn from: seconds per step at the typical times, the step's shares (see
+    `kfast._core.step_shares`), and what the user already set, so that no advice repeats it."""
 
     likely: str
     could_be: tuple[str, ...]
@@ -29,43 +36,91 @@ class Facts:
     cpus: int
     gpu_idle: float | None
     dataset_changes: bool
+    input_wait: float = 0.0
+    other: float = 0.0
+    max_queue_size: int | None = None
+    steps_per_execution: int = 1
+    mixed_precision: bool = False
+    prefetched: bool = False
+
+
+def most_workers(cpus: int) -> int:
+    """The most loader workers the advice proposes, as `kfast.tune` tries: twice the usable cores (a worker
+    that waits on storage leaves its core to another)."""
+    return 2 * cpus
+
+
+def _cheaper(f: Facts) -> str:
+    if f.data_kind == TF_DATA:
+        return ("cheaper map functions: cache() what is decoded once, decode to smaller images, vectorised ops "
+                "with batch() before map()")
+    return ("fill_batch(index, out), which writes a batch in place instead of building new arrays, lighter "
+            "decoding (decode once and cache, smaller images), vectorised numpy")
 
 
 def _feed_more(f: Facts) -> list[str]:
     b = f.batch_size
     feed = (f"input delivers {b / f.t_in:.0f} samples/s, the model consumes {b / f.t_comp:.0f}; "
-            f"{f.lost:.0%} of each step is lost waiting for data")
+            f"{f.input_wait:.0%} of each step is spent waiting for input")
     need = math.ceil((f.workers or 1) * f.t_in / f.t_comp)
+    cap = most_workers(f.cpus)
+    if f.data_kind == "FastLoader" and (f.workers or 1) >= cap:
+        # More workers than this only compete for the same cores: the cost of a batch is what to change.
+        return [f"{feed}: the loader already runs {f.workers} workers, twice this machine's {f.cpus} core(s), so "
+                f"the CPU is the limit: make loading cheaper with {_cheaper(f)}; or move augmentation into the "
+                "model."]
     if f.data_kind == "FastLoader":
-        out = [f"{feed}: raise the loader's workers from {f.workers} to {min(need, 2 * f.cpus)} or let "
-               "kfast.tune(dataset) pick them."]
+        more = min(max(need, (f.workers or 1) + 1), cap)
+        out = [f"{feed}: raise the loader's workers from {f.workers or 1} to {more} or let kfast.tune(dataset) "
+               "pick them."]
     elif f.data_kind == TF_DATA:
+        knobs = "map(..., num_parallel_calls=tf.data.AUTOTUNE) for the per-element work"
+        if not f.prefetched:
+            knobs += " and .prefetch(tf.data.AUTOTUNE) at the end"
         out = [f"{feed}: let kfast.tune(dataset, model=model) tune the pipeline, or set tf.data's own knobs: "
-               "map(..., num_parallel_calls=tf.data.AUTOTUNE) for the per-element work and "
-               ".prefetch(tf.data.AUTOTUNE) at the end."]
+               f"{knobs}."]
     elif f.indexable:
-        out = [f"{feed}: wrap the dataset in kfast.data.FastLoader(dataset, workers={min(need, f.cpus)}) to load "
-               "batches in parallel processes."]
+        out = [f"{feed}: wrap the dataset in kfast.data.FastLoader(dataset, workers={max(1, min(need, f.cpus))}) "
+               "to load batches in parallel processes."]
     else:
         out = [f"{feed}: serve the batches from a keras.utils.PyDataset (__len__, and __getitem__ returning batch "
-               f"i), which kfast.data.FastLoader(dataset, workers={min(need, f.cpus)}) then loads in parallel "
-               "processes."]
+               f"i), which kfast.data.FastLoader(dataset, workers={max(1, min(need, f.cpus))}) then loads in "
+               "parallel processes."]
     if need > f.cpus:
-        cheaper = ("cheaper map functions (cache() what is decoded once, smaller images)" if f.data_kind == TF_DATA
-                   else "a cheaper __getitem__ (decode once and cache, smaller images, vectorised numpy)")
         out.append(f"loading a batch costs {need}x a training step of CPU time but this machine has {f.cpus} "
-                   f"core(s): {cheaper}, or move augmentation into the model.")
+                   f"core(s): make loading cheaper with {_cheaper(f)}; or move augmentation into the model.")
     return out
 
 
 def _load_ahead(f: Facts) -> str:
     if f.data_kind == "FastLoader":
+        if f.max_queue_size:
+            return f"raise the loader's max_queue_size from {f.max_queue_size} to {2 * f.max_queue_size}"
         return "raise the loader's max_queue_size"
     if f.data_kind == TF_DATA:
+        if f.prefetched:
+            return "let kfast.tune(dataset, model=model) size the pipeline's parallel calls and buffers"
         return "end the pipeline with .prefetch(tf.data.AUTOTUNE)"
     if f.indexable:
         return "load batches ahead with kfast.data.FastLoader(dataset) (its max_queue_size)"
     return "load batches ahead (a keras.utils.PyDataset in kfast.data.FastLoader)"
+
+
+def _hand_off(f: Facts) -> str:
+    spe = max(1, f.steps_per_execution)
+    # Several steps per call spread the hand-over of each call over them; 8 is a common first step up.
+    more = 8 if spe == 1 else 2 * spe
+    spe_text = (f"compile with steps_per_execution={more} to run several steps per call" if spe == 1 else
+                f"raise steps_per_execution from {spe} to {more}")
+    return (f"{f.other:.0%} of each step is other time (hand-off, conversion, framework), neither computing nor "
+            f"waiting for input: {spe_text}, and {_load_ahead(f)}.")
+
+
+def _model_limit(f: Facts) -> str:
+    mixed = ("" if f.mixed_precision else "mixed precision (keras.mixed_precision.set_global_policy("
+             "'mixed_float16')) on GPUs with tensor cores, ")
+    return (f"the model is the limit at {f.batch_size / f.t_comp:.0f} samples/s: try a larger batch size than "
+            f"{f.batch_size} if memory allows, {mixed}or more GPUs with horovodrun.")
 
 
 def recommend(f: Facts) -> list[str]:
@@ -81,17 +136,14 @@ def recommend(f: Facts) -> list[str]:
         out.append(f"the measurement does not settle it: it could be {' or '.join(f.could_be)} ({lo:.0%} to {hi:.0%} "
                    "of each step not spent computing, over the phases' ranges); run it again with a larger budget_s "
                    f"and steps on an otherwise idle machine. For the likeliest, {f.likely}:")
-    if f.likely != COMPUTE_BOUND and f.t_in > f.t_comp:
+    # Waiting for input calls for a faster input; other time does not, whatever the input alone does.
+    if f.likely != COMPUTE_BOUND and f.t_in > f.t_comp and f.input_wait >= f.other:
         out += _feed_more(f)
-    elif f.lost >= 0.10:
-        out.append(f"the input alone is fast ({f.batch_size / f.t_in:.0f} samples/s) but {f.lost:.0%} of each step "
-                   "is lost handing batches over: compile with steps_per_execution > 1 to run several steps per "
-                   f"call, and {_load_ahead(f)}.")
+    if f.other >= 0.10:
+        out.append(_hand_off(f))
     if f.gpu_idle is not None and f.gpu_idle > 0.2 and f.likely != COMPUTE_BOUND:
         out.append(f"the GPU was idle in {f.gpu_idle:.0%} of samples during training: {_load_ahead(f)} so more "
                    "batches are ready ahead.")
     if f.likely != INPUT_BOUND:
-        out.append(f"the model is the limit at {f.batch_size / f.t_comp:.0f} samples/s: try a larger batch size if "
-                   "memory allows, mixed precision (keras.mixed_precision.set_global_policy('mixed_float16')) on "
-                   "GPUs with tensor cores, or more GPUs with horovodrun.")
+        out.append(_model_limit(f))
     return out

@@ -206,4 +206,15 @@ def _measure(model: keras.Model, data: Any, *, steps: int, warmup: int, budget: 
                      gpu_timeline=timeline, phases=spans, epoch_starts=epoch_starts, data_kind=kind,
                      workers=settings["workers"] if settings is not None else None, indexable=indexable,
                      overlapped=_overlapped(data),
-                     dataset_notes=read.notes + guard.notes())
+                     dataset_notes=read.notes + guard.notes(), current=_current(model, data))
+
+
+def _current(model: keras.Model, data: Any) -> dict[str, Any]:
+    """What the user already set that the advice could otherwise propose again."""
+    settings = getattr(data, "settings", None)
+    policy = getattr(getattr(model, "dtype_policy", None), "name", "") or ""
+    return {"max_queue_size": settings["max_queue_size"] if settings is not None else None,
+            "steps_per_execution": int(getattr(model, "steps_per_execution", 1) or 1),
+            "mixed_precision": policy.startswith("mixed"),
+            # tf.data names the dataset a pipeline's last step makes: a final .prefetch() is one to leave.
+            "prefetched": is_tf_dataset(data) and type(data).__name__ == "_PrefetchDataset"}

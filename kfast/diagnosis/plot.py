@@ -12,15 +12,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kfast._core.step_shares import LABELS
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from kfast.diagnosis.report import Diagnosis
 
-# Input wait is the colour to notice; compute is the work the step exists for; other is neutral.
-_PARTS = (("compute", "compute", "#4C72B0"), ("input_wait", "input wait", "#E8743B"),
-          ("other", "other (hand-over)", "#A9A9A9"))
+# Input wait is the colour to notice; compute is the work the step exists for; other is neutral. The
+# names are the ones the text prints (kfast._core.step_shares.LABELS).
+_COLOURS = {"compute": "#4C72B0", "input_wait": "#E8743B", "other": "#A9A9A9"}
 _VERDICT_COLOURS = {"input-bound": "#C44E1A", "compute-bound": "#2E6B30", "balanced": "#6A4C93",
                     "uncertain": "#555555"}
 _PHASE_LABELS = {"input": "input alone", "compute": "compute alone", "end_to_end": "end to end"}
@@ -60,16 +62,14 @@ def draw(diagnosis: Diagnosis, path: str | os.PathLike[str]) -> None:
 
 
 def _header(fig: Figure, d: Diagnosis) -> None:
-    # Means, so that the parts add up to the step (medians of parts need not).
-    parts = {name: float(np.mean(v)) if len(v) else 0.0 for name, v in d.step_breakdown().items()}
-    step = sum(parts.values())
+    # The typical step's shares, the very numbers the text prints (Diagnosis.shares).
+    s, pct = d.shares, d.shares.percents()
     b = d.batch_size
-    fig.text(0.012, 1 - 0.1 / fig.get_figheight(),
-             f"{d.verdict.upper()}: {d.lost_fraction:.0%} of each training step is not spent computing",
+    fig.text(0.012, 1 - 0.1 / fig.get_figheight(), f"{d.verdict.upper()}: {d.headline()}",
              ha="left", va="top", fontsize=15, fontweight="bold", color=_VERDICT_COLOURS.get(d.verdict, "black"))
-    fig.text(0.012, 1 - 0.45 / fig.get_figheight(),
-             f"mean step {_ms(step)} = {_ms(parts['compute'])} compute + {_ms(parts['input_wait'])} input wait "
-             f"+ {_ms(parts['other'])} other   (batch of {b})\n"
+    # Short names here, for the width; the legend below spells "other" out.
+    parts = " + ".join(f"{_ms(getattr(s, part))} {LABELS[part].split(' (')[0]} ({pct[part]}%)" for part in _COLOURS)
+    fig.text(0.012, 1 - 0.45 / fig.get_figheight(), f"typical step {_ms(s.step)} = {parts}   (batch of {b})\n"
              f"samples/s:  input alone {d.input_batches_per_s * b:,.0f}   |   compute alone "
              f"{d.compute_steps_per_s * b:,.0f}   |   end to end {d.end_to_end_steps_per_s * b:,.0f}",
              ha="left", va="top", fontsize=10.5, linespacing=1.5)
@@ -83,10 +83,11 @@ def _draw_steps(ax: Axes, d: Diagnosis) -> None:
     cap = max(float(np.percentile(total, 90)) * 1.6, float(np.median(total)) * 2)
     top = cap if total.max() > cap * 1.15 else float(total.max())
     base = np.zeros(len(steps))
-    for key, label, colour in _PARTS:
+    pct = d.shares.percents()
+    for key, colour in _COLOURS.items():
         height = np.minimum(base + parts[key] * 1e3, top) - np.minimum(base, top)
         ax.bar(steps, height, bottom=np.minimum(base, top), width=0.85, color=colour, linewidth=0,
-               label=f"{label}: {_ms(float(np.median(parts[key])))} median")
+               label=f"{LABELS[key]}: {pct[key]}%")
         base = base + parts[key] * 1e3
     clipped = total > top * 1.001
     for x, value in zip(steps[clipped], total[clipped]):

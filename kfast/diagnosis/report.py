@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from kfast._core.cpus import usable_cpus
+from kfast._core.step_shares import StepShares
 from kfast.diagnosis import advice
 from kfast.diagnosis import verdict as rules
 from kfast.diagnosis.verdict import BALANCED  # noqa: F401 - the verdicts, importable from here as before
@@ -55,7 +56,8 @@ class Diagnosis:
                  gpu_timeline: list[tuple[float, float, int]] | None = None,
                  phases: dict[str, tuple[float, float]] | None = None, epoch_starts: Iterable[int] | None = None,
                  data_kind: str = "dataset", workers: int | None = None, *, indexable: bool = True,
-                 overlapped: bool = True, dataset_notes: Iterable[str] | None = None) -> None:
+                 overlapped: bool = True, dataset_notes: Iterable[str] | None = None,
+                 current: Mapping[str, Any] | None = None) -> None:
         self.times = {k: [float(t) for t in v] for k, v in times.items()}
         self.batch_size = batch_size
         self.gpu, self.gpu_reason, self.gpu_timeline = gpu, gpu_reason, gpu_timeline or []
@@ -66,22 +68,32 @@ class Diagnosis:
         self.input_batches_per_s = 1 / t_in
         self.compute_steps_per_s = 1 / t_comp
         self.end_to_end_steps_per_s = 1 / t_e2e
-        self.lost_fraction = rules.lost(t_comp, t_e2e)
         self.overlapped = overlapped
-        self.input_wait_fraction = float(np.mean(self.step_breakdown()["input_wait"])) / float(
-            np.mean(self.times["end_to_end"])) if self.times["end_to_end"] else 0.0
-        self.could_be, self.lost_range = rules.possible(self.step_ranges)
+        # One accounting (NOTE [ One accounting of a step ]): the verdict, the text, the picture and the
+        # advice all read these shares of the typical step.
+        self.shares: StepShares = rules.shares(t_in, t_comp, t_e2e, overlapped)
+        self.lost_fraction = rules.lost(t_comp, t_e2e)
+        self.input_wait_fraction = self.shares.fraction("input_wait")
+        self.could_be, self.lost_range = rules.possible(self.step_ranges, overlapped)
         self.verdict = self.could_be[0] if len(self.could_be) == 1 else UNCERTAIN
         idle = (self.gpu or {}).get("end_to_end", {}).get("gpu_idle_fraction")
+        # As printed (whole percents that add up to 100), so that the advice quotes the text's numbers.
+        pct = self.shares.percents()
+        # What the user already set (the loader's queue, steps_per_execution, the dtype policy), so that no
+        # advice proposes it again.
+        now = dict(current or {})
         self.recommendations = advice.recommend(advice.Facts(
             likely=self.could_be[0], could_be=tuple(self.could_be), lost=self.lost_fraction,
             lost_range=self.lost_range, t_in=t_in, t_comp=t_comp, batch_size=batch_size, data_kind=data_kind,
             indexable=indexable, workers=workers, cpus=usable_cpus(), gpu_idle=idle,
-            dataset_changes=bool(self.dataset_notes)))
+            dataset_changes=bool(self.dataset_notes), input_wait=pct["input_wait"] / 100, other=pct["other"] / 100,
+            max_queue_size=now.get("max_queue_size"), steps_per_execution=int(now.get("steps_per_execution") or 1),
+            mixed_precision=bool(now.get("mixed_precision")), prefetched=bool(now.get("prefetched"))))
 
     def to_dict(self) -> dict[str, Any]:
         """Returns every measured number, the verdict and the recommendations as plain Python types."""
-        return {"verdict": self.verdict, "could_be": self.could_be, "lost_fraction": self.lost_fraction,
+        return {"verdict": self.verdict, "could_be": self.could_be, "shares": self.shares.fractions(),
+                "lost_fraction": self.lost_fraction,
                 "lost_range": list(self.lost_range), "input_wait_fraction": self.input_wait_fraction,
                 "batch_size": self.batch_size, "input_batches_per_s": self.input_batches_per_s,
                 "compute_steps_per_s": self.compute_steps_per_s, "end_to_end_steps_per_s": self.end_to_end_steps_per_s,
@@ -98,11 +110,9 @@ class Diagnosis:
         rows = [("input alone", "input", "batches/s"), ("compute alone", "compute", "steps/s"),
                 ("end to end", "end_to_end", "steps/s")]
         lo, hi = self.lost_range
-        if self.verdict == UNCERTAIN:
-            head = f"could be {' or '.join(self.could_be)}; {self.lost_fraction:.0%} of step time not spent computing"
-        else:
-            head = f"{self.lost_fraction:.0%} of step time not spent computing"
-        lines = [f"kfast diagnosis: {self.verdict.upper()} ({head}, {lo:.0%} to {hi:.0%} over the ranges)", "",
+        head = f"could be {' or '.join(self.could_be)}; " if self.verdict == UNCERTAIN else ""
+        lines = [f"kfast diagnosis: {self.verdict.upper()} ({head}{self.headline()}, {lo:.0%} to {hi:.0%} over the "
+                 "ranges)", f"  a typical step ({self.shares.step * 1e3:.2f} ms): {self.shares}", "",
                  f"  {'phase':<14} {'rate':>10} {'unit':<10} {'samples/s':>10} {'ms/batch':>9}  {'range (ms)':<15} steps"]
         for name, key, unit in rows:
             low, typical, high = self.step_ranges[key]
@@ -123,15 +133,26 @@ class Diagnosis:
         lines += ["", "What to do:"] + [f"  {i}. {r}" for i, r in enumerate(self.recommendations, 1)]
         return "\n".join(lines)
 
+    def headline(self) -> str:
+        """The verdict's reason in a few words, from `shares`, as the text and the picture print it.
+
+        Example:
+
+        >>> Diagnosis({"input": [0.03] * 4, "compute": [0.01] * 4, "end_to_end": [0.03] * 4}, 32).headline()
+        '67% of each step not spent computing'
+        """
+        return f"{100 - self.shares.percents()['compute']}% of each step not spent computing"
+
     def step_breakdown(self) -> dict[str, np.ndarray]:
         """Splits each measured end-to-end step into compute, input wait and other time.
 
-        Compute is the model's own step (the typical compute-alone step), or the whole of a faster step.
-        When training loads the next batch while the model computes (`overlapped`), slow input costs a step
-        what loading a batch takes beyond a compute step (typical input-alone minus compute); when batches
-        are read between steps, what loading one takes. That, up to what the step leaves, is the input
-        wait. Other is the rest: handing the batch over (Keras's iterator, conversion, the copy to the
-        device), Python overhead, and steps slower than the typical times explain.
+        The same accounting as `shares` (NOTE [ One accounting of a step ]), step by step: compute is the
+        model's own step (the typical compute-alone step), or the whole of a faster step. When training
+        loads the next batch while the model computes (`overlapped`), slow input costs a step what loading
+        a batch takes beyond a compute step (typical input-alone minus compute); when batches are read
+        between steps, what loading one takes. That, up to what the step leaves, is the input wait. Other
+        is the rest: handing the batch over (Keras's iterator, conversion, the copy to the device), Python
+        and framework overhead, and steps slower than the typical times explain.
 
         Returns:
             A dict of numpy arrays, seconds per end-to-end step: `compute`, `input_wait` and `other`; per
@@ -143,11 +164,11 @@ class Diagnosis:
         >>> {k: [round(t * 1e3) for t in v] for k, v in d.step_breakdown().items()}
         {'compute': [10, 10, 10], 'input_wait': [15, 20, 20], 'other': [0, 0, 10]}
         """
-        step = np.array(self.times["end_to_end"])
         t_in, t_comp = self.step_ranges["input"][1], self.step_ranges["compute"][1]
-        compute = np.minimum(step, t_comp)
-        wait = np.minimum(step - compute, max(0.0, t_in - t_comp) if self.overlapped else t_in)
-        return {"compute": compute, "input_wait": wait, "other": step - compute - wait}
+        cost = rules.input_cost(t_in, t_comp, self.overlapped)
+        steps = [StepShares.split(t, compute=t_comp, input_wait=cost) for t in self.times["end_to_end"]]
+        return {part: np.array([getattr(s, part) for s in steps], dtype=float) for part in ("compute", "input_wait",
+                                                                                             "other")}
 
     def plot(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
         """Writes a PNG of where each measured training step's time went.

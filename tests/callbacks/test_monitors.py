@@ -325,3 +325,37 @@ def test_auto_tune_ignores_validation_time(monkeypatch):
     cb.on_test_end()
     cb.on_epoch_end(0, {})
     assert [c["reason"] for c in cb.changes] == ["before training", "epoch 1 waited 50% for input"]
+
+
+class _CountingLoader:
+    """Stands in for a FastLoader's counters when ThroughputMonitor is driven by hand."""
+
+    wait_seconds, samples_served = 0.0, 0
+
+
+def test_throughput_monitor_logs_the_input_wait_share_of_the_one_step_accounting(monkeypatch):
+    from kfast._core import epoch_clock
+    from kfast._core.step_shares import StepShares
+    from kfast._core.step_shares import input_wait_share
+
+    now = [0.0]
+    monkeypatch.setattr(epoch_clock, "_clock", lambda: now[0])
+    loader = _CountingLoader()
+    monitor = kfast.callbacks.ThroughputMonitor(loader)
+    monitor.set_model(_model())
+    monitor.set_params({"steps": 10, "epochs": 2})
+    monitor.on_train_begin()
+    logs = {}
+    for epoch, (seconds, waited) in enumerate([(2.0, 0.5), (1.0, 1.5)]):  # the second: a counter past the span
+        monitor.on_epoch_begin(epoch)
+        now[0] += seconds
+        loader.wait_seconds += waited
+        loader.samples_served += 320
+        logs = {}
+        monitor.on_epoch_end(epoch, logs)
+        # The name and the definition kfast.diagnose prints: the input wait part of a step, in [0, 1].
+        expected = StepShares.split(seconds / 10, compute=0.0, input_wait=waited / 10).fraction("input_wait")
+        assert logs["input_wait_fraction"] == pytest.approx(expected) == pytest.approx(input_wait_share(waited,
+                                                                                                        seconds))
+        assert logs["step_time"] == pytest.approx(seconds / 10)
+    assert logs["input_wait_fraction"] == 1.0
