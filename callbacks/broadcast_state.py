@@ -9,6 +9,7 @@ import keras
 
 from kfast._core.checks import check_int
 from kfast.distributed import _horovod
+from kfast.distributed.optimizer import unwrap_for_saving
 from kfast.distributed.steps import check_equal_steps
 
 
@@ -47,6 +48,7 @@ class BroadcastState(keras.callbacks.Callback):
         self._warned = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        unwrap_for_saving(self.model)  # the user's own model.save then opens in plain Keras
         if _horovod.size() == 1:
             return
         check_equal_steps(self.params.get("steps"))

@@ -22,6 +22,7 @@ from kfast.distributed import preemption
 from kfast.distributed._checkpoint_files import Position
 from kfast.distributed._checkpoint_paths import FileNames, checked_directory
 from kfast.distributed._data_state import DataState
+from kfast.distributed.optimizer import unwrap_for_saving
 
 
 def metric_direction(model: keras.Model, monitor: str) -> str | None:
@@ -162,6 +163,8 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._warned_missing = False
+        # On every rank: the user's own model.save then writes a file plain Keras opens, as these checkpoints are.
+        unwrap_for_saving(self.model)
         problem = self._check_writable() if _horovod.is_chief() else None
         # All ranks raise together: a rank left alone would wait in the first collective for ever.
         problem = _horovod.broadcast_object(problem, root_rank=0)

@@ -17,8 +17,8 @@ from typing import Any
 
 __all__ = ["RESUMABLE_EXIT", "DistributedOptimizer", "Preempted", "UnequalStepsError", "allgather_object", "allreduce_average", "allreduce_mean_values",
            "allreduce_sum_values", "broadcast_object", "broadcast_variables", "callbacks", "default_callbacks",
-           "elastic_fit", "horovodrun_path", "init", "is_chief", "is_initialized", "local_rank", "local_size", "rank",
-           "restore", "size", "verbose"]
+           "elastic_fit", "horovodrun_path", "init", "is_chief", "is_initialized", "load_model", "local_rank",
+           "local_size", "rank", "restore", "size", "verbose"]
 
 _HOMES = {"RESUMABLE_EXIT": "kfast.distributed.preemption", "DistributedOptimizer": "kfast.distributed.optimizer",
           "Preempted": "kfast.distributed.preemption", "UnequalStepsError": "kfast.distributed.steps",
@@ -30,8 +30,8 @@ _HOMES = {"RESUMABLE_EXIT": "kfast.distributed.preemption", "DistributedOptimize
           "init": "kfast.distributed._horovod", "is_chief": "kfast.distributed._horovod",
           "is_initialized": "kfast.distributed._horovod", "local_rank": "kfast.distributed._horovod",
           "local_size": "kfast.distributed._horovod", "rank": "kfast.distributed._horovod",
-          "restore": "kfast.distributed.checkpoint", "size": "kfast.distributed._horovod",
-          "verbose": "kfast.distributed._horovod"}
+          "restore": "kfast.distributed.checkpoint", "load_model": "kfast.distributed.checkpoint",
+          "size": "kfast.distributed._horovod", "verbose": "kfast.distributed._horovod"}
 # Submodules a user may reach as attributes (`kfast.distributed.checkpoint.restore_point`), which an eager
 # __init__ used to import.
 _SUBMODULES = ("checkpoint", "defaults", "elastic", "elastic_loop", "metric_state", "optimizer", "preemption", "steps")
@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers read
     from kfast.distributed._horovod import rank  # noqa: F401
     from kfast.distributed._horovod import size  # noqa: F401
     from kfast.distributed._horovod import verbose  # noqa: F401
+    from kfast.distributed.checkpoint import load_model  # noqa: F401
     from kfast.distributed.checkpoint import restore  # noqa: F401
     from kfast.distributed.defaults import callbacks  # noqa: F401
     from kfast.distributed.defaults import default_callbacks  # noqa: F401

@@ -105,9 +105,13 @@ def _h5py() -> Any:
 def write(model: keras.Model, path: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """Saves `model` to `path` (weights only for a `.weights.h5` name) with `state`, through a temporary
     file and a rename, so a crash never leaves half a file under the final name."""
+    # Loads keras with it, which reading a checkpoint's state does not need (no cycle: it imports nothing here).
+    from kfast.distributed.optimizer import unwrap_for_saving
+
     directory, name = os.path.split(os.fspath(path))
     tmp = os.path.join(directory, f"{_PARTIAL}{os.getpid()}-{name}")
     text = json.dumps({"version": STATE_VERSION, **state})
+    unwrap_for_saving(model)  # the file names the wrapped optimizer: NOTE [ Files plain Keras opens ]
     try:
         if name.endswith(WEIGHTS_SUFFIX):
             model.save_weights(tmp)
@@ -125,17 +129,8 @@ def write(model: keras.Model, path: str | os.PathLike[str], state: dict[str, Any
 
 
 def _finish_archive(archive: str, state: str) -> None:
-    with zipfile.ZipFile(archive) as z:
-        entries = {info.filename: z.read(info) for info in z.infolist()}
-    config = json.loads(entries["config.json"])
-    optimizer = (config.get("compile_config") or {}).get("optimizer")
-    if isinstance(optimizer, dict) and optimizer.get("registered_name") == "kfast>DistributedOptimizer":
-        config["compile_config"]["optimizer"] = optimizer["config"]["optimizer"]
-        entries["config.json"] = json.dumps(config).encode()
-    entries[_STATE_MEMBER] = state.encode()
-    with zipfile.ZipFile(archive, "w") as z:
-        for filename, data in entries.items():
-            z.writestr(filename, data)
+    with zipfile.ZipFile(archive, "a") as z:
+        z.writestr(_STATE_MEMBER, state)
 
 
 def _unreadable(path: str | os.PathLike[str], e: Exception) -> ValueError:

@@ -221,6 +221,9 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loade
     if loader is not None and not callable(getattr(loader, "load_state_dict", None)):
         raise ValueError(f"restore() got loader={type(loader).__name__}; pass the kfast.data.FastLoader that fit "
                          "will train on (the one RankZeroCheckpoint(loader=...) recorded), or leave loader out.")
+    from kfast.distributed.optimizer import unwrap_for_saving
+
+    unwrap_for_saving(model)  # the user's own model.save then writes a file plain Keras opens, as checkpoints are
     if model.built and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     found: _Found | None = None
@@ -264,6 +267,71 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loade
     _RESTORED[model] = RestorePoint(os.path.realpath(directory), path, position.epoch, position.batch, best, metrics,
                                     taken)
     return position.epoch
+
+
+def load_model(filepath: str | os.PathLike[str], *, compression: str | None = None, backward_passes_per_step: int = 1,
+               custom_objects: dict[str, Any] | None = None) -> keras.Model:
+    """Opens a saved model with its optimizer wrapped in `kfast.DistributedOptimizer`, its state kept.
+
+    Horovod's `hvd.load_model`, for Keras 3: for a model trained in one process with plain Keras (or with
+    kfast; the files are the same) that goes on training on many ranks. The file loads with
+    `keras.saving.load_model`; its optimizer (say `Adam`, with its moments and `iterations`) becomes the
+    wrapped optimizer, and the model is compiled again with the file's loss, metrics and other compile
+    settings. Add `kfast.callbacks.BroadcastState` (or `default_callbacks`) to `fit` so every rank starts from
+    the same state. To resume from a checkpoint directory, with kfast's training state (epoch, best value,
+    data position), compile the model yourself and call `restore()` instead; it reads plain Keras files too
+    (named `epoch-NNNN.keras`, as `keras.callbacks.ModelCheckpoint("dir/epoch-{epoch:04d}.keras")` writes them).
+
+    Args:
+        filepath: a `.keras` file.
+        compression: passed to `DistributedOptimizer`. Defaults to `None`.
+        backward_passes_per_step: passed to `DistributedOptimizer`. Defaults to `1`.
+        custom_objects: passed to `keras.saving.load_model`. Defaults to `None`.
+
+    Returns:
+        The model, compiled with `DistributedOptimizer(<the file's optimizer>)`.
+
+    Raises:
+        ValueError: for a file saved without an optimizer (an uncompiled model, or `include_optimizer`
+            left out).
+
+    Example:
+
+    >>> import keras, numpy as np
+    >>> from kfast.distributed import checkpoint
+    >>> plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> plain.compile(keras.optimizers.Adam(0.01), "mse")
+    >>> _ = plain.fit(np.ones((8, 2)), np.ones(8), batch_size=4, verbose=0)
+    >>> plain.save("plain.keras")
+    >>> model = checkpoint.load_model("plain.keras")
+    >>> type(model.optimizer).__name__, type(model.optimizer.inner_optimizer).__name__
+    ('DistributedOptimizer', 'Adam')
+    >>> int(model.optimizer.iterations)  # Adam's state goes on
+    2
+    """
+    import keras
+
+    from kfast.distributed.optimizer import DistributedOptimizer
+    from kfast.distributed.optimizer import unwrap_for_saving
+
+    model = keras.saving.load_model(filepath, custom_objects=custom_objects)
+    settings = model.get_compile_config() if getattr(model, "optimizer", None) is not None else {}
+    if not settings.get("optimizer"):
+        raise ValueError(f"load_model() got {os.fspath(filepath)!r}, which holds no optimizer (it was saved before "
+                         "model.compile); load it with keras.saving.load_model and compile it with "
+                         "kfast.DistributedOptimizer(...).")
+    optimizer = model.optimizer
+    while isinstance(optimizer, (DistributedOptimizer, keras.optimizers.LossScaleOptimizer)):
+        # A file saved before kfast wrote plain optimizers names the wrapper; mixed precision adds Keras's
+        # loss scaling, which compile() adds again.
+        optimizer = optimizer.inner_optimizer
+    settings.pop("optimizer")
+    with keras.saving.custom_object_scope(custom_objects or {}):
+        settings = keras.saving.deserialize_keras_object(settings)
+    model.compile(optimizer=DistributedOptimizer(optimizer, compression=compression,
+                                                 backward_passes_per_step=backward_passes_per_step), **settings)
+    unwrap_for_saving(model)
+    return model
 
 
 def epoch_offset(model: keras.Model) -> int:

@@ -1,4 +1,25 @@
-"""DistributedOptimizer: averages gradients across Horovod ranks before the wrapped optimizer applies them."""
+"""DistributedOptimizer: averages gradients across Horovod ranks before the wrapped optimizer applies them.
+
+NOTE [ Files plain Keras opens ]
+A model compiled with `DistributedOptimizer(Adam(...))` is saved (by `model.save`, `save_weights` or a kfast
+checkpoint) as if it had been compiled with that `Adam`, so that `keras.saving.load_model` opens it where
+kfast is not installed, and a plain Keras file loads into a model compiled with the wrapper:
+- The optimizer's saved state is the wrapped optimizer's own, in its own layout (`save_own_variables`).
+  The wrapper's variables (the preemption flags, gradient sums in flight) are runtime state, not saved.
+  Keras's saving walks the optimizer's attributes for nested objects to save; `__dir__` leaves
+  `inner_optimizer` out of that walk, or its state would be saved a second time under
+  `optimizer/inner_optimizer`, and a plain file (which has no such group) would warn "Skipping variable
+  loading" on every load into the wrapper.
+- The saved compile settings name the wrapped optimizer (`"Adam"`, its config). Keras names an object by
+  its class, whatever its `get_config` returns, so the wrapper itself cannot be written as an `Adam`;
+  the model's compile settings can: `unwrap_for_saving(model)` puts the wrapped optimizer there (as Keras
+  puts the plain optimizer there under mixed precision, not its `LossScaleOptimizer`). kfast calls it
+  wherever it gets the model: `RankZeroCheckpoint` when training begins, `restore()`, every checkpoint
+  write. `model.optimizer` stays the wrapper, so training is unchanged.
+- The other way, a plain file's optimizer state loads into the wrapped optimizer (`load_own_variables`),
+  and `kfast.distributed.checkpoint.load_model` opens a file with its optimizer wrapped, as Horovod's
+  `hvd.load_model` does.
+"""
 
 from __future__ import annotations
 
@@ -145,8 +166,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
         ops.cond(ops.equal(self._pass, self.backward_passes_per_step), apply_accumulated, lambda: None)
 
-    # Saved state is the wrapped optimizer's own, in its own layout, so a checkpoint restores into a plain
-    # optimizer of that class (see kfast.distributed.checkpoint). Gradient sums in flight are not saved.
+    # Saved state is the wrapped optimizer's own, in its own layout, so a file restores into a plain optimizer
+    # of that class and a plain file into this one (NOTE [ Files plain Keras opens ]).
+    def __dir__(self) -> list[str]:
+        # Keras's saving finds nested objects to save through dir(); the wrapped optimizer's state is saved
+        # as this optimizer's own already (NOTE [ Files plain Keras opens ]).
+        return [name for name in super().__dir__() if name != "inner_optimizer"]
+
     def save_own_variables(self, store: dict[str, Any]) -> None:
         self.inner_optimizer.save_own_variables(store)
 
@@ -165,3 +191,23 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         config = dict(config)  # the caller's dict stays as it was (Keras's from_config never edits it)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
+
+
+def unwrap_for_saving(model: keras.Model) -> None:
+    """Makes `model.save` name the optimizer a `DistributedOptimizer` wraps, so plain Keras opens the file.
+
+    Keras writes the optimizer `model.compile` was given into the file's compile settings; after this call
+    that is the wrapped optimizer (say `Adam`), whose state the wrapper saves. `model.optimizer` and
+    training are unchanged. Does nothing for a model compiled with another optimizer, or not compiled.
+    See NOTE [ Files plain Keras opens ].
+
+    Args:
+        model: a Keras model, compiled or not.
+    """
+    # Keras keeps what compile() was given in `_compile_config`, which `get_compile_config()` serializes;
+    # there is no public way to change it short of compiling again, which would start new metrics.
+    settings = getattr(getattr(model, "_compile_config", None), "config", None)
+    if not isinstance(settings, dict):
+        return
+    while isinstance(settings.get("optimizer"), DistributedOptimizer):
+        settings["optimizer"] = settings["optimizer"].inner_optimizer

@@ -15,7 +15,7 @@ SCRIPT = "tests/distributed/train_script.py"
 # The modes that end normally, all in one job (train_modes.py); a killed rank and the resume after it have
 # jobs of their own.
 SHARED_MODES = ["sync", "nosync", "equiv", "equiv_spe", "equiv_accum", "equiv_fp16", "uneven", "full",
-                "warmup_resume"]
+                "warmup_resume", "plain_resume"]
 SHARED_TIMEOUT_S = 240
 
 
@@ -120,18 +120,37 @@ def test_killed_rank_ends_the_job_and_resume_matches_an_uninterrupted_run(horovo
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
-def test_checkpoint_loads_without_kfast_or_horovod(shared, tmp_path):
+def test_checkpoint_and_model_save_load_without_kfast_or_horovod(shared, tmp_path):
     (trained, _) = _results(shared, "full")
+    (resumed, _) = _results(shared, "plain_resume")
     state = tmp_path / "loaded.json"
+    # A checkpoint of RankZeroCheckpoint, and the user's own model.save at the end of a 2-rank job.
+    paths = [str(shared / "ckpt" / "epoch-0004.keras"), str(shared / "plain-resumed.keras")]
     code = ("import sys, json; sys.modules['kfast'] = sys.modules['horovod'] = None\n"
             "import keras, numpy as np\n"
-            f"m = keras.saving.load_model({str(shared / 'ckpt' / 'epoch-0004.keras')!r})\n"
-            "s = [v.numpy().tolist() for v in m.weights] + [np.asarray(v.numpy()).tolist() for v in m.optimizer.variables]\n"
-            f"json.dump([type(m.optimizer).__name__, s], open({str(state)!r}, 'w'))")
+            "out = []\n"
+            f"for path in {paths!r}:\n"
+            "    m = keras.saving.load_model(path)\n"
+            "    s = [v.numpy().tolist() for v in m.weights] + [np.asarray(v.numpy()).tolist() for v in m.optimizer.variables]\n"
+            "    out.append([type(m.optimizer).__name__, s])\n"
+            f"json.dump(out, open({str(state)!r}, 'w'))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert proc.returncode == 0, proc.stderr
     with open(state) as f:
-        optimizer, loaded = json.load(f)
-    assert optimizer == "Adam"
-    assert loaded == trained["state"]  # weights and Adam's moments, as trained
+        (checkpoint_optimizer, checkpoint_state), (saved_optimizer, saved_state) = json.load(f)
+    assert checkpoint_optimizer == saved_optimizer == "Adam"
+    assert checkpoint_state == trained["state"]  # weights and Adam's moments, as trained
+    assert saved_state == resumed["state"]
+
+
+def test_a_plain_keras_adam_checkpoint_goes_on_under_two_ranks_with_its_moments(shared):
+    rank0, rank1 = _results(shared, "plain_resume")
+    for result in (rank0, rank1):
+        assert result["initial_epoch"] == 2
+        assert result["warnings"] == []  # no "Skipping variable loading for optimizer": the state was loaded
+        assert result["restored"] == rank0["saved"]  # weights, Adam's iterations and moments, bit for bit
+    assert rank0["state"] == rank1["state"]
+    # 2 ranks of batch B from the restored moments take the steps one process of batch 2B takes.
+    for got, want in zip(rank0["weights"], rank0["reference"]):
+        np.testing.assert_allclose(got, want, atol=1e-5)

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
@@ -108,6 +109,35 @@ def checkpointed(out, epochs, die_after=None, resume=False):
     return {"initial_epoch": initial_epoch, "state": state(model), "files": sorted(os.listdir(ckpt))}
 
 
+def plain_resume(out):
+    """Plain Keras Adam for 2 epochs in one process (rank 0, keras.callbacks.ModelCheckpoint), then restore() into
+    DistributedOptimizer(Adam) and 1 epoch more on 2 ranks; rank 0 also goes on alone, as the reference, and saves
+    the continued model with model.save (test_training loads it without kfast)."""
+    x, y = global_data(4, 2 * B)
+    ckpt = os.path.join(out, "plain-ckpt")
+    result = {}
+    if distributed.is_chief():
+        os.makedirs(ckpt)
+        plain = make_model(seed=0, optimizer=keras.optimizers.Adam(0.01))
+        plain.fit(x, y, batch_size=2 * B, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[keras.callbacks.ModelCheckpoint(os.path.join(ckpt, "epoch-{epoch:04d}.keras"))])
+        result["saved"] = state(plain)
+        plain.fit(x, y, batch_size=2 * B, epochs=3, initial_epoch=2, shuffle=False, verbose=0)
+        result["reference"] = [w.tolist() for w in plain.get_weights()]
+    model = make_model(seed=distributed.rank(), optimizer=kfast.DistributedOptimizer(keras.optimizers.Adam(0.01)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        initial_epoch = distributed.restore(model, ckpt)  # rank 1 waits here for rank 0's plain run
+    result.update(initial_epoch=initial_epoch, warnings=[str(w.message) for w in caught], restored=state(model))
+    xr, yr = rank_data(x, y, B)
+    model.fit(xr, yr, batch_size=B, epochs=3, initial_epoch=initial_epoch, shuffle=False, verbose=0,
+              callbacks=[kfast.callbacks.BroadcastState()])
+    result.update(weights=[w.tolist() for w in model.get_weights()], state=state(model))
+    if distributed.is_chief():
+        model.save(os.path.join(out, "plain-resumed.keras"))  # the user's own last line
+    return result
+
+
 WARMUP_EPOCHS, STEPS = 5, 3
 
 
@@ -157,6 +187,7 @@ def main():
         "warmup_resume": lambda: warmup_resume(out),
         "resume_one_rank": lambda: resume_one_rank(out),
         "uneven": lambda: uneven(out),
+        "plain_resume": lambda: plain_resume(out),
         "full": lambda: checkpointed(out, epochs=4),
         "killed": lambda: checkpointed(out, epochs=4, die_after=2),
         "resumed": lambda: checkpointed(out, epochs=4, resume=True),
