@@ -23,15 +23,14 @@ class MetricAverage(keras.callbacks.Callback):
     Put it before callbacks that read `logs` (checkpoints, early stopping, CSV and TensorBoard loggers)
     so they all see the global numbers. Every rank issues the same collectives, in sorted-name order.
 
-    Evaluation: each rank evaluates its own shard (`kfast.data.shard(data, rank, size, mode="all")`, so
-    that every batch is evaluated once), and the metrics' states (a Mean's total and count, AUC's
-    counts) are summed over ranks before Keras computes the results: `val_` values in `fit`, and what
-    `model.evaluate(shard, callbacks=[MetricAverage()])` returns, are exact and the same on every rank,
-    whatever the shards' sizes. A metric class of your own must keep state that adds up over samples (a
-    total and a count do; a running maximum does not). Standalone `evaluate` needs data whose length
-    Keras knows (the sum happens after the last batch); otherwise it warns and returns this rank's own.
-    `predict` returns each rank's predictions for its own shard: gather them with
-    `kfast.distributed.allgather_object` if one rank needs them all.
+    Evaluation: with it among the callbacks of `fit` or `evaluate`, a FastLoader gives each rank its share
+    of the batches (every batch once; a tf.data pipeline needs `kfast.data.shard(data, rank, size,
+    mode="all")`), and the metrics' states (a Mean's total and count, AUC's counts) are summed over ranks
+    before Keras computes the results: `val_` values in `fit`, and what `evaluate` returns, are exact and
+    the same on every rank, whatever the shards' sizes. Without it, a FastLoader is read whole on every rank
+    (see the scale-out guide). A metric class of your own must keep state that adds up over samples (a
+    total and a count do; a running maximum does not). Standalone `evaluate` needs data whose length Keras
+    knows (the sum happens after the last batch); otherwise it warns and returns this rank's own.
 
     Example:
 
@@ -45,6 +44,10 @@ class MetricAverage(keras.callbacks.Callback):
     ...     f.readline().strip()
     'epoch,loss,val_loss'
     """
+
+    # Read by kfast's wrap of Keras's evaluate: a FastLoader then gives each rank its share of the batches
+    # (every batch once) instead of the whole set, and these sums make the result exact.
+    sums_metric_states = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -51,5 +51,10 @@ def install() -> bool:
             return False
         if not getattr(original, "__kfast_wrapped__", False):
             adapter._get_iterator = _wrap(original)
+        import keras
+
+        from kfast.data import _keras_calls
+
+        _keras_calls.install(keras.Model)  # what evaluate and predict read (see that module's NOTE)
         _installed = True
         return True

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
-from typing import cast
 
 import keras
 
@@ -17,10 +14,11 @@ from kfast._core import topology
 from kfast.data import position
 from kfast.data._epoch import Ahead, EpochIterator
 from kfast.data._keras_adapter import install as _install_keras_hook
+from kfast.data._keras_epochs import KerasEpochs
 from kfast.data._cursor import Cursor
-from kfast.data._loader_args import MAX_TASKS_PER_WORKER, RAN_OUT, capped_workers, default_seed
+from kfast.data._loader_args import MAX_TASKS_PER_WORKER, capped_workers, default_seed
 from kfast.data._loader_args import default_workers, length, overrides
-from kfast.data._loader_order import LoaderOrder
+from kfast.data._loader_order import TRAIN, LoaderOrder
 from kfast.data._stream import Stream
 from kfast.data._workers import interrupt
 from kfast.data._workers import signals
@@ -31,7 +29,7 @@ from kfast.data.settings import LoaderSettings
 __all__ = ["FastLoader", "WorkerError"]
 
 
-class FastLoader(keras.utils.PyDataset):
+class FastLoader(KerasEpochs, keras.utils.PyDataset):
     """Loads a dataset's batches in parallel, ahead of training, without pickling numeric batches.
 
     Wrap any dataset with `__len__` and `__getitem__(index) -> batch` (a `keras.utils.PyDataset`, a
@@ -46,7 +44,9 @@ class FastLoader(keras.utils.PyDataset):
 
     Under Horovod (after `kfast.distributed.init()`), each rank loads only its own shard of the batches,
     the same number on every rank (`kfast.data.shard`, mode "drop"); shard yourself to choose "pad", or pass
-    `rank=` and `size=`, as to PyTorch's `DistributedSampler`.
+    `rank=` and `size=`, as to PyTorch's `DistributedSampler`. Keras's `evaluate` and `predict` (and `fit`'s
+    validation) read the whole set on every rank instead, or each rank its share when `MetricAverage` sums
+    the metrics over ranks: their results are one process's (see the scale-out guide).
 
     A worker's exception is raised here with the batch index and the worker's traceback. With `timeout`,
     a batch that takes longer raises an error naming the batch index, the worker's pid and its current
@@ -158,7 +158,6 @@ class FastLoader(keras.utils.PyDataset):
         self.shuffle = shuffle
         # Each rank serves its own shard (see kfast.data.position for why not a ShardedDataset).
         self._order = LoaderOrder(dataset, total, rank, size, default_seed() if seed is None else int(seed))
-        self._n = self._order.n
         self.timeout = timeout
         self._num_workers = workers or default_workers()
         self._processes = use_multiprocessing
@@ -169,6 +168,7 @@ class FastLoader(keras.utils.PyDataset):
         self._current: EpochIterator | None = None
         self._ahead: Ahead | None = None
         self._quiet: Any = None  # the warnings filter of a resumed Keras epoch
+        self._readings: list[str] = []  # what Keras's evaluate/predict calls under way read (innermost last)
         interrupt.install()
         signals.watch(self)
         _install_keras_hook()
@@ -281,7 +281,7 @@ class FastLoader(keras.utils.PyDataset):
         """A new epoch: its batches in the loader's order (the rest of a loaded state's epoch first)."""
         return self._iterate(bool(self.shuffle))
 
-    def _iterate(self, shuffled: bool) -> EpochIterator:
+    def _iterate(self, shuffled: bool, reading: str = TRAIN) -> EpochIterator:
         with self._lock:
             previous = self._current
             if previous is not None and not previous.finished:
@@ -289,7 +289,7 @@ class FastLoader(keras.utils.PyDataset):
                     previous.finish()  # every batch handed out; only the look past its end was not asked for
                 else:
                     self._abandon(previous)
-            plan = self._cursor.begin(shuffled)
+            plan = self._cursor.begin(shuffled, reading)
             ahead, self._ahead = self._ahead, None  # see kfast.data._epoch.load_ahead
             stream = self._stream
             adopted = ahead.seqs if ahead is not None and ahead.plan == plan else []
@@ -326,45 +326,19 @@ class FastLoader(keras.utils.PyDataset):
             self._stream.update_dataset(self.dataset)
 
     def __len__(self) -> int:
-        return self._n
+        return self._order.count(self._reading)
 
     def __getitem__(self, index: int) -> Any:
-        """Batch `index` of this loader's shard, loaded by a worker."""
-        if not -self._n <= index < self._n:
-            raise IndexError(f"FastLoader index {index} is out of range for {self._n} batches.")
+        """Batch `index` of this loader's shard (of what Keras's `evaluate` or `predict` reads, inside one),
+        loaded by a worker."""
+        n, reading = len(self), self._reading
+        if not -n <= index < n:
+            raise IndexError(f"FastLoader index {index} is out of range for {n} batches.")
         with self._lock:
             it = self._current
             epoch = it.plan.epoch if it is not None and not it.finished else self._cursor.next_epoch
-            return self._stream.lookup(self._order.dataset_index(index % self._n), epoch)
-
-    # -- Keras ----------------------------------------------------------------------------------------
-
-    def _keras_epoch(self, shuffle: bool) -> Iterator[Any]:
-        """One epoch for Keras's adapter (see `kfast.data._keras_adapter`): `shuffle` is `fit`'s."""
-        it = self._iterate(self.shuffle if self.shuffle is not None else bool(shuffle))
-        with self._lock:
-            self._cursor.keras.append(it)
-            if it.plan.start and self._quiet is None:
-                # Only that one message, and only until this epoch ends (on_epoch_end).
-                warnings.filterwarnings("ignore", message=RAN_OUT)
-                self._quiet = warnings.filters[0]
-        yield from it
-
-    def on_epoch_begin(self) -> None:
-        # A Ctrl-C caught before this epoch is not ours to act on.
-        self._stream.interrupt_mark = time.monotonic()
-        self._stream.interrupted = False
-
-    def on_epoch_end(self) -> None:
-        with self._lock:
-            ended = self._cursor.keras_ended()
-            if ended is not None:
-                if ended.done:
-                    ended.finish()
-            if self._quiet is not None and ended is not None and ended.plan.start:
-                with contextlib.suppress(ValueError):
-                    cast(list, warnings.filters).remove(self._quiet)
-                self._quiet = None
+            at = self._order.dataset_index(index % n) if reading == TRAIN else self._order.indices(reading)[index % n]
+            return self._stream.lookup(at, epoch)
 
     # -- lifetime -------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 from kfast._core import topology
 from kfast.data._shard_checks import check_enough
 from kfast.data._shard_checks import check_shard
+from kfast.data._shard_checks import ShardMark
 from kfast.distributed import _horovod
 
 
@@ -107,4 +108,8 @@ def shard_tf_dataset(dataset: Any, rank: int, size: int, mode: str = "drop", sta
         source = source.take(n // size * size)
     elif mode == "pad":
         source = source.repeat().take(-(-n // size) * size)
-    return source.shard(size, rank)
+    shard = source.shard(size, rank)
+    # Read by Keras's evaluate and predict (kfast.data._keras_calls): an "all" shard's metrics are summed over
+    # the ranks there; a "drop" or "pad" one is evaluated on this rank's part only, which it says.
+    shard._kfast_shard = ShardMark(mode, rank, size)
+    return shard

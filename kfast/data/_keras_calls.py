@@ -1,0 +1,114 @@
+"""What Keras's `evaluate` and `predict` read from data that kfast shards over ranks.
+
+NOTE [ Evaluation reads the whole set ]
+Under Horovod a FastLoader shards itself: each rank trains on its own batches, which is what `fit` wants.
+`evaluate` and `predict` want the opposite: one process's answer over the whole set, on every rank, as
+tf.distribute gives it. Keras tells a dataset nothing about which call reads it (fit, evaluate and predict
+all build the same adapter with `shuffle=False` for the last two), so kfast wraps `keras.Model.evaluate` and
+`keras.Model.predict` (fit's validation goes through `evaluate`) and, for the duration of the call, tells the
+FastLoader passed in what to read:
+
+- every batch, in index order, on every rank (`WHOLE`): the metrics and predictions are one process's on the
+  whole set, bit for bit, and no collective runs, so a rank may evaluate alone. The price: each rank
+  computes the whole evaluation.
+- batches rank, rank + size, ... (`SHARE`, every batch once over the ranks) when the call's callbacks sum
+  the metric states over the ranks (`kfast.callbacks.MetricAverage`, in `default_callbacks`): each rank
+  evaluates its share and the sums give the exact result.
+
+A tf.data pipeline sharded with `kfast.data.shard(..., mode="all")` cannot be read whole again: its
+`evaluate` is summed over the ranks here, after Keras's loop, from the metric states (a collective).
+Evaluating or predicting on what is one rank's part only (a "drop" or "pad" shard, a `ShardedDataset`)
+warns once, naming the fix. A loop of your own over a loader reads this rank's shard: kfast cannot tell.
+
+Nothing else depends on the wrap: were it gone (a Keras release that renames the methods),
+tests/data/test_keras_calls.py fails, and every rank would evaluate its own shard as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from typing import Any
+
+from kfast._core import topology
+from kfast.data._loader_order import SHARE, WHOLE
+
+_warned: set[str] = set()
+
+
+def _callbacks(bound: inspect.BoundArguments) -> list[Any]:
+    given = bound.arguments.get("callbacks")
+    return list(getattr(given, "callbacks", given) or [])
+
+
+def _sums_states(callbacks: list[Any]) -> bool:
+    return any(getattr(c, "sums_metric_states", False) for c in callbacks)
+
+
+def _warn_once(kind: str, what: str, fix: str) -> None:
+    if kind in _warned:
+        return
+    _warned.add(kind)
+    warnings.warn(f"{what} under {topology.size()} ranks gives each rank its own part's result (rank "
+                  f"{topology.rank()} here), not the whole set's; {fix}", stacklevel=4)
+
+
+def _summed_evaluate(original: Any, model: Any, bound: inspect.BoundArguments) -> Any:
+    """evaluate() over an "all" shard, its metric states summed over the ranks after Keras's loop."""
+    import keras
+
+    from kfast.distributed.metric_state import sum_metric_states
+
+    return_dict = bound.arguments.get("return_dict", False)
+    bound.arguments["return_dict"] = True
+    original(*bound.args, **bound.kwargs)
+    sum_metric_states(model)
+    logs = {k: float(keras.ops.convert_to_numpy(v)) if keras.ops.ndim(v) == 0 else keras.ops.convert_to_numpy(v)
+            for k, v in model.get_metrics_result().items()}
+    return logs if return_dict else model._flatten_metrics_in_order(logs)
+
+
+def _wrap(original: Any, kind: str) -> Any:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(model, *args, **kwargs)
+        except TypeError:
+            return original(model, *args, **kwargs)  # Keras's own error for bad arguments
+        x: Any = bound.arguments.get("x")
+        reading = getattr(x, "_keras_reading", None)
+        if reading is not None:  # a FastLoader
+            sums = kind == "evaluate" and _sums_states(_callbacks(bound))
+            if x._sharded_by_hand() and topology.size() > 1 and not sums:
+                _warn_once(f"{kind}-given", f"{kind}() on a FastLoader over a ShardedDataset",
+                           "pass the dataset itself to FastLoader, which reads the whole set in evaluate and predict.")
+            with reading(SHARE if sums else WHOLE):
+                return original(model, *args, **kwargs)
+        mark = getattr(x, "_kfast_shard", None)
+        if mark is None or mark.size == 1:
+            return original(model, *args, **kwargs)
+        if kind == "predict":
+            _warn_once("predict-tf", "predict() on a pipeline sharded by kfast.data.shard",
+                       "predict on the unsharded pipeline (or gather the parts with "
+                       "kfast.distributed.allgather_object).")
+        elif mark.mode != "all":
+            _warn_once("evaluate-tf", f"evaluate() on a kfast.data.shard(..., mode={mark.mode!r}) pipeline, which "
+                       "leaves batches out,", "shard it with mode=\"all\" (every batch once; kfast then sums the "
+                       "metrics over the ranks).")
+        elif not _sums_states(_callbacks(bound)):
+            return _summed_evaluate(original, model, bound)
+        return original(model, *args, **kwargs)
+
+    call.__kfast_wrapped__ = True  # type: ignore[attr-defined]
+    return call
+
+
+def install(model_class: Any) -> None:
+    """Wraps `model_class.evaluate` and `.predict` (Keras's `Model`), once."""
+    for kind in ("evaluate", "predict"):
+        original = getattr(model_class, kind)
+        if not getattr(original, "__kfast_wrapped__", False):
+            setattr(model_class, kind, _wrap(original, kind))
