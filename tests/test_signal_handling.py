@@ -161,7 +161,6 @@ def test_end_by_cleans_up_and_exits_with_128_plus_the_signal_from_any_thread():
 # kfast._core.signal_handling.
 OWN_SIGNALS = {
     "kfast._core.signal_handling": "the owner",
-    "kfast._core.tf_noise": "`kfast launch` passes the signals on to horovodrun while it waits, then restores them",
     "kfast.data._workers.worker": "a loader worker process ignores Ctrl-C (the parent stops it); it imports no kfast",
 }
 

@@ -7,6 +7,8 @@ chaining the disposition it replaced, and each feature registers what it needs.
   (`watch`, `interrupted`, `termination`, from `kfast.data._workers.interrupt`).
 - Preemption catches its signals during `fit` and starts its timer as one arrives (`catch`, from
   `kfast.distributed.preemption`).
+- `kfast launch` passes SIGINT, SIGTERM and SIGHUP on to horovodrun while it waits, and answers a scheduler's
+  stop signal itself (`catch`, from `kfast.cluster.filtered_run`).
 
 NOTE [ One handler per signal ]
 - kfast's handler is `_handle`, one function for every signal it takes; `_previous` holds, per signal, the

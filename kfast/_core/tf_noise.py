@@ -18,11 +18,7 @@ The module imports nothing from kfast, so a shell can filter through it without 
 
 import os
 import re
-import signal
-import subprocess
 import sys
-import threading
-import time
 
 SHOW_VARIABLE = "KFAST_TF_STARTUP_LOGS"
 
@@ -66,44 +62,6 @@ def copy(source, target, watch=None):
             target.flush()
         except (BrokenPipeError, ValueError):
             reader_gone = True
-
-
-def run(cmd, cwd=None, stop_grace_s=30, watch=None, handlers=None):
-    """Runs `cmd` with its stderr filtered through `copy` and returns its exit status (128+N for signal N).
-
-    SIGINT, SIGTERM and SIGHUP sent to this process are passed on to `cmd` (horovodrun stops its ranks on
-    them), and this process waits for it; if it is still running `stop_grace_s` seconds after such a
-    signal, it is killed. `watch` sees each line of `cmd`'s stderr; `handlers` ({signal number:
-    handler(pid of cmd)}) take the signals they name instead (a handler's signal is not passed on).
-    Call from the main thread.
-    """
-    proc = subprocess.Popen(cmd, cwd=cwd, stderr=subprocess.PIPE)
-    forward = threading.Thread(target=copy, args=(proc.stderr, sys.stderr.buffer, watch), name="kfast-stderr",
-                               daemon=True)
-    forward.start()
-    signalled = []
-
-    def pass_on(signum, frame):
-        signalled.append(time.monotonic())
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    own = dict(handlers or {})
-    previous = {s: signal.signal(s, pass_on) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if s not in own}
-    previous.update({s: signal.signal(s, lambda signum, frame: own[signum](proc.pid)) for s in own})
-    try:
-        while True:
-            try:
-                code = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                if signalled and time.monotonic() - signalled[0] > stop_grace_s:
-                    proc.kill()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    forward.join(timeout=5)
-    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":

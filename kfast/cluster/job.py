@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kfast._core import tf_noise
+from kfast.cluster import filtered_run
 from kfast.distributed.preemption import RESUMABLE_EXIT
 
 _FIRST_EXIT = re.compile(rb"Exit code: (-?\d+)\s*")
@@ -114,7 +114,7 @@ def run(cmd: Sequence[str], rank_cmd: Sequence[str], *, cwd: str, stop_signals: 
                 pass
 
     handlers = {s: (lambda pid, s=s: stop(s, pid)) for s in stop_signals}
-    code = tf_noise.run(cmd, cwd=cwd, watch=watch, handlers=handlers)
+    code = filtered_run.run(cmd, cwd=cwd, watch=watch, handlers=handlers)
     end.first_exit = first[-1] if first else None
     end.status = RESUMABLE_EXIT if code != 0 and end.first_exit == RESUMABLE_EXIT else code
     if end.status == RESUMABLE_EXIT and end.stop_signal and requeue_job:

@@ -95,7 +95,12 @@ class ThreadPool:
             if busy == index and ident in frames:
                 stack = "".join(traceback.format_stack(frames[ident]))
                 return f"batch index {index} from a worker thread; its stack:\n{stack}"
-        return f"batch index {index} (waiting for a free worker thread)."
+        # No thread has it yet: say what each one is doing, so a stall behind the others can be traced.
+        busy = [f"thread {ident} on batch index {other}:\n{''.join(traceback.format_stack(frames[ident]))}"
+                for ident, other in list(self._running.items()) if ident in frames]
+        alive = sum(t.is_alive() for t in self._threads)
+        return (f"batch index {index} (waiting for a free worker thread; {alive} of {len(self._threads)} alive, "
+                f"{len(busy)} busy)" + (":\n" + "".join(busy) if busy else "."))
 
     def result(self, seq, interrupt_mark):
         index, future = self._futures.pop(seq)

@@ -1,0 +1,95 @@
+"""Running the launcher's command (horovodrun) with TensorFlow's start-up lines filtered from its stderr, and
+the stop signals this process receives passed on to it.
+
+The signals go through kfast's one signal owner (`kfast._core.signal_handling.catch`), which tells a catcher
+of each signal twice (from its watch thread as it arrives, and from the main thread's handler): one arrival
+of a signal is passed on once, so a Ctrl-C reaches horovodrun as one Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+
+from kfast._core import signal_handling
+from kfast._core import tf_noise
+
+PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The watch thread's and the handler's calls for one arrival come within a few ms of each other; a person
+# pressing Ctrl-C again takes longer than this.
+_SAME_ARRIVAL_S = 0.25
+
+
+class _Arrivals:
+    """Tells a second call for the same signal within `_SAME_ARRIVAL_S` from a new arrival."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[int, float] = {}
+
+    def new(self, signum: int) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(signum)
+            self._last[signum] = now
+            return last is None or now - last > _SAME_ARRIVAL_S
+
+
+def run(cmd: Sequence[str], cwd: str | None = None, stop_grace_s: float = 30,
+        watch: Callable[[bytes], None] | None = None,
+        handlers: Mapping[int, Callable[[int], None]] | None = None) -> int:
+    """Runs `cmd` with its stderr filtered through `tf_noise.copy` and returns its exit status (128+N for
+    signal N).
+
+    SIGINT, SIGTERM and SIGHUP sent to this process are passed on to `cmd` (horovodrun stops its ranks on
+    them), and this process waits for it; if it is still running `stop_grace_s` seconds after such a signal,
+    it is killed. When the command ends, the signals mean what they meant before.
+
+    Args:
+        cmd: the command line.
+        cwd: its working directory.
+        stop_grace_s: how long it may run on after a stop signal.
+        watch: sees each line of its stderr (bytes, with the newline).
+        handlers: {signal number: handler(pid of cmd)}, each called once per arrival of its signal instead
+            of passing it on.
+
+    Returns:
+        The command's exit status.
+    """
+    proc = subprocess.Popen(list(cmd), cwd=cwd, stderr=subprocess.PIPE)
+    forward = threading.Thread(target=tf_noise.copy, args=(proc.stderr, sys.stderr.buffer, watch),
+                               name="kfast-stderr", daemon=True)
+    forward.start()
+    own = dict(handlers or {})
+    arrivals = _Arrivals()
+    passed_on: list[float] = []  # when the first signal was passed on: the grace period starts then
+
+    def caught(signum: int) -> None:
+        if not arrivals.new(signum):
+            return
+        if signum in own:
+            own[signum](proc.pid)
+        elif proc.poll() is None:
+            passed_on.append(time.monotonic())
+            proc.send_signal(signum)
+
+    taken = signal_handling.catch((*PASSED_ON, *own), caught)
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if passed_on and time.monotonic() - passed_on[0] > stop_grace_s:
+                    proc.kill()
+    finally:
+        if taken is not None:
+            taken.release()
+    forward.join(timeout=5)
+    return 128 - code if code < 0 else code
