@@ -68,8 +68,14 @@ class ThreadPool:
             t.start()
         self._finalizer = weakref.finalize(self, _stop, self._tasks, list(self._threads))
         self._futures: dict[int, tuple[int, Future[Any]]] = {}
+        self._waited: set[Future[Any]] = set()  # the futures result() is waiting on, taken out of _futures
+        self._closed = False
 
     def submit(self, seq, index, epoch):
+        if self._closed:
+            # Tasks queued after the threads' stops would never run: a wait for one would never end.
+            raise WorkerError(f"FastLoader's worker threads are closed; batch index {index} was asked of them "
+                              "afterwards (is the loader used from two threads at once?).")
         future: Future[Any] = Future()
         self._futures[seq] = (index, future)
         self._tasks.put((future, self._load, index))
@@ -96,20 +102,30 @@ class ThreadPool:
                 stack = "".join(traceback.format_stack(frames[ident]))
                 return f"batch index {index} from a worker thread; its stack:\n{stack}"
         # No thread has it yet: say what each one is doing, so a stall behind the others can be traced.
-        busy = [f"thread {ident} on batch index {other}:\n{''.join(traceback.format_stack(frames[ident]))}"
+        stacks = [f"thread {ident} on batch index {other}:\n{''.join(traceback.format_stack(frames[ident]))}"
                 for ident, other in list(self._running.items()) if ident in frames]
         alive = sum(t.is_alive() for t in self._threads)
         return (f"batch index {index} (waiting for a free worker thread; {alive} of {len(self._threads)} alive, "
-                f"{len(busy)} busy)" + (":\n" + "".join(busy) if busy else "."))
+                f"{len(stacks)} busy)" + (":\n" + "".join(stacks) if stacks else "."))
 
     def result(self, seq, interrupt_mark):
         index, future = self._futures.pop(seq)
         waiter = Waiter(self._timeout, lambda: self._describe(index), interrupt_mark)
+        self._waited.add(future)
+        try:
+            return self._wait(future, index, waiter)
+        finally:
+            self._waited.discard(future)
+
+    def _wait(self, future, index, waiter):
         while True:
             try:
                 return future.result(timeout=_POLL_S)
             except futures.TimeoutError:
                 waiter.check()
+            except futures.CancelledError:
+                raise WorkerError(f"FastLoader's worker threads were closed while batch index {index} waited for "
+                                  "one.") from None
             except Exception as e:  # noqa: BLE001 - re-raised with its own type, the batch index noted
                 raise_failure(e, f"FastLoader worker thread failed on batch index {index}.")
             except BaseException as e:  # sys.exit() in __getitem__: it ends no process from a worker
@@ -117,7 +133,10 @@ class ThreadPool:
                                   f"{type(e).__name__}({e}).") from e
 
     def close(self):
-        for _, future in self._futures.values():
+        self._closed = True
+        # A batch being waited for that no thread has started is cancelled too: its wait ends with an error
+        # (one a thread is loading finishes, and is served).
+        for future in [future for _, future in self._futures.values()] + list(self._waited):
             future.cancel()
         self._futures.clear()
         for _ in self._threads:
