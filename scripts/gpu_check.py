@@ -1,10 +1,12 @@
 """kfast on one NVIDIA GPU with Keras on JAX (or PyTorch) and no TensorFlow; scripts/gpu_check.sh runs it.
 
-Three parts, each printed as it finishes:
+Four parts, each printed as it finishes:
 1. `kfast doctor`, and the GPU as NVML sees it (name, memory, utilisation).
-2. A `fit` that keeps the GPU busy, with kfast's GPUMonitor sampling NVML: its samples must be real
+2. Will it fit: kfast's predicted peak memory of a training step (`kfast.planning.estimate_memory`) against
+   the GPU's own peak after training it, and, on JAX, XLA's analysis of the compiled step.
+3. A `fit` that keeps the GPU busy, with kfast's GPUMonitor sampling NVML: its samples must be real
    (utilisation above 0 while training, memory in use).
-3. An input-bound image workload (JPEG decode and augmentation with Pillow in `__getitem__`, on JPEGs made
+4. An input-bound image workload (JPEG decode and augmentation with Pillow in `__getitem__`, on JPEGs made
    here) trained once from a plain keras.utils.PyDataset and once from a FastLoader that kfast.tune
    configured: steady steps/s, GPU utilisation and kfast.diagnose's verdict, side by side.
 
@@ -37,6 +39,9 @@ SIZES = {
 
 
 _MARKS = {True: "PASS", False: "FAIL", None: "NOTE"}
+# The predicted peak must be within this share of the GPU's measured one: the widest gap kfast's prediction
+# showed against XLA's compiled step on CPU (benchmarks/RESULTS.md, "Will it fit?").
+MEMORY_BOUND = 0.35
 
 
 def say(text=""):
@@ -189,6 +194,65 @@ def backend_device():
     return bool(gpus), f"tensorflow {tf.__version__}, {len(gpus)} GPU(s)"
 
 
+def _device_peak():
+    """The accelerator's peak bytes in use since the process started (JAX) or the last reset, or None."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        stats = jax.local_devices()[0].memory_stats() or {}
+        return stats.get("peak_bytes_in_use")
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    import tensorflow as tf
+
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"] if tf.config.list_physical_devices("GPU") else None
+
+
+def check_memory(size, dry):
+    """kfast's predicted peak for the busy workload's training step, against XLA's compiled step (JAX) and the
+    GPU's own peak after training it (a real run); returns (passed or None, text) for the result."""
+    from kfast.planning import compiled_step_memory
+    from kfast.planning import estimate_memory
+    from kfast.planning.cost_model import human_bytes
+
+    width, rows = size["width"], size["rows"]
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(rows, width)).astype("float32"), rng.integers(0, 10, rows)
+    model = _classifier([keras.Input((width,))] + [keras.layers.Dense(width, activation="relu") for _ in range(3)]
+                        + [keras.layers.Dense(10)])
+    predicted = estimate_memory(model, (x, y))
+    say(f"kfast predicts {human_bytes(predicted.peak)} at batch {rows}: parameters "
+        f"{human_bytes(predicted.parameters)}, gradients {human_bytes(predicted.gradients)}, optimizer "
+        f"{human_bytes(predicted.optimizer)}, activations {human_bytes(predicted.activations)}, batch "
+        f"{human_bytes(predicted.batch)}")
+    if keras.backend.backend() == "jax":
+        step = compiled_step_memory(model, (x, y))
+        say(f"XLA's compiled step on {step.device}: {human_bytes(step.total)} (kfast "
+            f"{predicted.peak / step.total - 1:+.0%})")
+    if dry:
+        return None, f"memory: predicted {human_bytes(predicted.peak)} (dry run: no GPU peak to compare with)"
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.reset_memory_stats("GPU:0")
+    elif backend == "torch":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+    model.fit(Repeated(x, y, 5), epochs=1, verbose=0)
+    measured = _device_peak()
+    if not measured:
+        return None, f"memory: predicted {human_bytes(predicted.peak)}; the GPU's peak cannot be read here"
+    error = predicted.peak / measured - 1
+    say(f"the GPU's peak in use after training: {human_bytes(measured)} (kfast {error:+.0%})")
+    return abs(error) <= MEMORY_BOUND, (f"memory: kfast's predicted peak {human_bytes(predicted.peak)} within "
+                                        f"{MEMORY_BOUND:.0%} of the GPU's {human_bytes(measured)} ({error:+.0%})")
+
+
 def _steady(history, key):
     """The mean of an epoch log over the epochs after the first (which includes compiling)."""
     values = history.history.get(key, [])
@@ -283,6 +347,10 @@ def main(argv=None):
             return _finish(checks, began)
         on_gpu, where = backend_device()
         checks.append((on_gpu, f"Keras's backend trains on the GPU ({where})"))
+
+    say()
+    say(f"== Will it fit: predicted memory against the device's ({keras.backend.backend()})")
+    checks.append(check_memory(size, args.dry_run))  # first: JAX's peak counts from the start of the process
 
     say()
     say(f"== GPUMonitor during fit ({keras.backend.backend()})")

@@ -11,10 +11,12 @@ from kfast.cli._common import show
 
 def add(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "plan", help="predict scaling efficiency on N ranks from this machine's measurements and the link",
+        "plan", help="predict scaling efficiency on N ranks and whether a training step fits a device",
         description="Measure the model returned by TARGET (a module:function taking no arguments and returning "
                     "a compiled model, or (model, dataset)) and predict step time, samples/s and scaling "
-                    "efficiency on 1..N ranks for ring-allreduce and a parameter server, with what to change.")
+                    "efficiency on 1..N ranks for ring-allreduce and a parameter server, with what to change; "
+                    "and one device's memory: parameters, gradients, optimizer state, activations and batch, "
+                    "whether it fits, and the cheapest change that makes it fit.")
     p.add_argument("target", metavar="TARGET", help="module:function or path/to/file.py:function")
     link = p.add_mutually_exclusive_group()
     link.add_argument("--hosts", metavar="H1,H2",
@@ -25,6 +27,10 @@ def add(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--compression", choices=["fp16"], help="exchange float32 gradients as float16")
     p.add_argument("--servers", type=int, default=1, help="parameter-server shards for the comparison (default 1)")
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch of synthetic inputs (default 32)")
+    p.add_argument("--device-memory", metavar="SIZE",
+                   help="one device's memory for the fit verdict, e.g. 80GB, 16GiB (default: the GPU's, via NVML)")
+    p.add_argument("--precision", choices=["float32", "mixed_float16", "mixed_bfloat16"],
+                   help="predict memory for this dtype policy (default: the model's own)")
     p.add_argument("--plot", metavar="PNG", help="also write efficiency and throughput against ranks to PNG")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(run=run)
@@ -41,13 +47,16 @@ def _ranks(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kfast.planning import plan
     from kfast.planning import link_probe
+    from kfast.planning import parse_memory
+    from kfast.planning import plan
 
     try:
         ranks = _ranks(args.ranks) if args.ranks else None
         if args.latency and not args.bandwidth:
             raise ValueError("--latency goes with --bandwidth; pass both, or --hosts to measure them.")
+        if args.device_memory is not None:
+            parse_memory(args.device_memory)
         bandwidth, latency, source = args.bandwidth, args.latency, None
         if args.hosts:
             hosts = [h for h in args.hosts.split(",") if h]
@@ -62,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     model, dataset = built if isinstance(built, tuple) else (built, None)
     try:
         result = plan(model, dataset, ranks=ranks, bandwidth=bandwidth, latency=latency,
-                            compression=args.compression, servers=args.servers, batch_size=args.batch_size,
-                            link_source=source)
+                      compression=args.compression, servers=args.servers, batch_size=args.batch_size,
+                      link_source=source, device_memory=args.device_memory, precision=args.precision)
     except ValueError as e:
         print(f"kfast plan: {e}", file=sys.stderr)
         return 2

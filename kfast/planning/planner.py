@@ -18,6 +18,10 @@ import keras
 import numpy as np
 
 from kfast.planning import cost_model
+from kfast.planning import memory_fit
+from kfast.planning.memory import MemoryReport
+from kfast.planning.memory import plan_memory
+from kfast.planning.memory_model import check_precision
 from kfast._core import fit_timing
 from kfast._core.checks import check_int
 from kfast._core.cpus import doublings
@@ -58,17 +62,20 @@ class Plan:
         bandwidth, latency: link bytes/s and seconds; `link_source` says where they came from.
         advice: what to change, most useful first.
         measured: `{ranks: seconds per step}` from real runs, drawn beside the prediction (optional).
+        memory: what one device holds (a `kfast.planning.MemoryReport`: the breakdown, whether it fits and
+            the cheapest change that does, XLA's own analysis on JAX), or `None`.
     """
 
     def __init__(self, *, name: str, parameters: int, gradient_bytes: int, dtype: str, messages: int,
                  compute_s: float, batch_size: int, bandwidth: float, latency: float, link_source: str,
                  ranks: Iterable[int], compression: str | None, servers: int, threshold: float,
-                 accumulation: int = 1) -> None:
+                 accumulation: int = 1, memory: MemoryReport | None = None) -> None:
         self.name, self.parameters, self.gradient_bytes, self.dtype = name, parameters, gradient_bytes, dtype
         self.messages, self.compute_s, self.batch_size = messages, compute_s, batch_size
         self.bandwidth, self.latency, self.link_source = bandwidth, latency, link_source
         self.compression, self.servers, self.threshold, self.accumulation = compression, servers, threshold, accumulation
         self.measured: dict[int, float] = {}
+        self.memory = memory
         self.rows = [self._row(n) for n in ranks]
         self.advice = self._advise()
 
@@ -134,7 +141,8 @@ class Plan:
                 "batch_size": self.batch_size, "bandwidth_bytes_per_s": self.bandwidth, "latency_s": self.latency,
                 "link_source": self.link_source, "compression": self.compression, "servers": self.servers,
                 "backward_passes_per_step": self.accumulation, "rows": self.rows, "advice": self.advice,
-                "measured": {str(k): v for k, v in self.measured.items()}}
+                "measured": {str(k): v for k, v in self.measured.items()},
+                "memory": self.memory.to_dict() if self.memory else None}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -160,10 +168,20 @@ class Plan:
             lines.append("measured: " + ", ".join(f"{n} rank(s) {h(s)} per step (predicted {h(self.row(n)['step_s'])})"
                                                   for n, s in sorted(self.measured.items())))
         lines += ["", "What to change:"] + [f"  - {a}" for a in self.advice]
+        if self.memory:
+            lines += ["", str(self.memory)]
+            change = self.memory.fit.change if self.memory.fit else None
+            if change and change.mesh[1] > 1:
+                lines.append(f"  scaling with it: N replicas take N x {change.mesh[1]} devices; the table above counts "
+                             "replicas, and the exchanges inside a replica are not in it.")
+            elif change:
+                lines.append("  scaling with it: as in the table above (the same compute and gradient bytes per "
+                             "optimizer step).")
         return "\n".join(lines)
 
     def plot(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
-        """Writes efficiency and throughput against ranks (log axes) for both strategies as a PNG."""
+        """Writes efficiency and throughput against ranks (log axes) for both strategies as a PNG, and the
+        memory of one device beside them (stacked bars of the breakdown against the device's memory)."""
         from kfast.planning import plot
 
         plot.draw(self, path)
@@ -199,12 +217,15 @@ def _synthetic_batch(model: keras.Model, batch_size: int, seed: int = 0) -> tupl
 def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None = None,
          bandwidth: float | str | None = None, latency: float | str | None = None, compression: str | None = None,
          servers: int = 1, batch_size: int = 32, threshold: float = 0.8, steps: int = 10,
-         link_source: str | None = None) -> Plan:
+         link_source: str | None = None, device_memory: str | float | None = None,
+         precision: str | None = None) -> Plan:
     """Predicts step time, throughput and scaling efficiency of `model` on 1..N ranks.
 
     Measures compute seconds per step on this machine (fit's own train step on one cached batch; the
     weights and optimizer state are put back) and the gradient bytes, then applies the ring-allreduce and
-    parameter-server models of `kfast.planning.cost_model` for the given link.
+    parameter-server models of `kfast.planning.cost_model` for the given link. Predicts one device's
+    memory too (`Plan.memory`, see `kfast.planning.plan_memory`): whether the step fits and the cheapest
+    change that makes it fit.
 
     Args:
         model: a compiled Keras model (its loss decides the backward pass).
@@ -221,6 +242,10 @@ def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None
         threshold: the efficiency under which the plan says what to change. Defaults to `0.8`.
         steps: timed steps. Defaults to `10`.
         link_source: a note on where the link numbers came from. Defaults to `None`.
+        device_memory: one device's memory, in bytes or a string such as `"80GB"` or `"16GiB"`, for the
+            memory verdict. Defaults to `None`: the first GPU's, through NVML; without one, no verdict.
+        precision: the dtype policy to predict memory for: `"float32"`, `"mixed_float16"` or
+            `"mixed_bfloat16"`. Defaults to `None`: the model's own.
 
     Returns:
         A `Plan`: print it, `to_dict()` it, or `plot("plan.png")` it.
@@ -243,6 +268,10 @@ def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None
     check_int("kfast.plan", "batch_size", batch_size)
     check_int("kfast.plan", "steps", steps)
     check_number("kfast.plan", "threshold", threshold, above=0, below=1)
+    if device_memory is not None:  # bad settings fail before anything is measured
+        memory_fit.parse_memory(device_memory)
+    if precision is not None:
+        check_precision(precision)
     ranks = sorted(set(ranks or doublings(1024)))
     for n in ranks:
         check_int("kfast.plan", "ranks", n, hint="each a number of ranks >= 1")
@@ -257,6 +286,8 @@ def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None
     batch = fit_timing.first_batch(dataset) if dataset is not None else _synthetic_batch(model, batch_size)
     batch_size = structure.batch_size(batch)
     compute_s = float(np.median(measure.compute_seconds(model, batch, steps=steps)))
+    memory = plan_memory(model, batch, batch_size=batch_size * accumulation, precision=precision,
+                         accumulation=accumulation, device_memory=device_memory)
     parameters, nbytes, dtype = gradient_size(model, compression)
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _FUSION_DEFAULT)) or nbytes or 1
     return Plan(name=model.name, parameters=parameters, gradient_bytes=nbytes, dtype=dtype,
@@ -264,4 +295,4 @@ def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None
                 bandwidth=bandwidth, latency=latency,
                 link_source=link_source or ("given" if given else "assumed: 10 Gbit/s, 20 us; pass bandwidth="),
                 ranks=ranks, compression=compression, servers=servers, threshold=threshold,
-                accumulation=accumulation)
+                accumulation=accumulation, memory=memory)

@@ -1,4 +1,6 @@
-"""The plan picture: scaling efficiency and throughput against ranks, ring-allreduce beside a parameter server.
+"""The plan picture: scaling efficiency and throughput against ranks, ring-allreduce beside a parameter server,
+and one device's memory beside them: the predicted breakdown as stacked bars (as it is, and with the change
+that makes it fit), against the device's memory.
 
 Drawn on a `matplotlib.figure.Figure` with its own Agg canvas (no pyplot), so a notebook's backend is
 left alone.
@@ -8,11 +10,15 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
+from typing import Any
 
 if TYPE_CHECKING:
+    from kfast.planning.memory import MemoryReport
     from kfast.planning.planner import Plan
 
 _RING, _OVERLAP, _SERVER, _MEASURED = "#4C72B0", "#8FAADC", "#C44E1A", "#2E6B30"
+_PARTS = (("parameters", "#4C72B0"), ("gradients", "#8FAADC"), ("optimizer", "#C44E1A"),
+          ("activations", "#2E6B30"), ("batch", "#B8A03A"))
 
 
 def draw(plan: Plan, path: str | os.PathLike[str]) -> None:
@@ -24,7 +30,11 @@ def draw(plan: Plan, path: str | os.PathLike[str]) -> None:
     n = [r["ranks"] for r in rows]
     fig = Figure(figsize=(11, 4.6), dpi=100)
     FigureCanvasAgg(fig)
-    eff, thr = fig.subplots(1, 2)
+    if plan.memory is not None:
+        eff, thr, mem = fig.subplots(1, 3, gridspec_kw={"width_ratios": (1, 1, 0.6)})
+        _memory(mem, plan.memory)
+    else:
+        eff, thr = fig.subplots(1, 2)
     eff.plot(n, [r["efficiency"] for r in rows], "o-", color=_RING, label="ring-allreduce (kfast)")
     eff.plot(n, [r["efficiency_overlap"] for r in rows], "--", color=_OVERLAP,
              label="ring, exchange overlapped with backward")
@@ -59,3 +69,29 @@ def draw(plan: Plan, path: str | os.PathLike[str]) -> None:
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)
+
+
+def _memory(ax: Any, memory: MemoryReport) -> None:
+    """Stacked bars of one device's memory in GB, as it is and with the change, and the device's memory."""
+    fit = memory.fit
+    bars = [("as it is", memory.breakdown)]
+    if fit is not None and fit.change is not None:
+        bars.append(("with the change", fit.change.breakdown))
+    top = max([b.peak for _, b in bars] + ([fit.device_memory] if fit is not None else [])) / 1e9
+    for x, (_, breakdown) in enumerate(bars):
+        bottom = 0.0
+        for part, color in _PARTS:
+            height = getattr(breakdown, part) / 1e9
+            ax.bar(x, height, bottom=bottom, color=color, width=0.6, label=part if x == 0 else None)
+            bottom += height
+    if memory.compiled is not None:
+        ax.plot([0], [memory.compiled.total / 1e9], "D", color="#222222", label="XLA's compiled step")
+    if fit is not None:
+        ax.axhline(fit.device_memory / 1e9, color="#999999", ls="--", lw=1, label="device memory")
+        ax.axhline(fit.usable / 1e9, color="#999999", ls=":", lw=0.8, label="usable")
+    ax.set_xticks(range(len(bars)), [name for name, _ in bars])
+    ax.set_xlim(-0.6, len(bars) - 0.4)
+    ax.set_ylim(0, top * 1.6)  # room above the bars for the legend
+    ax.set_ylabel("GB per device")
+    ax.set_title(f"memory at batch {memory.breakdown.batch_size}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")

@@ -1,0 +1,334 @@
+"""What a training step keeps for its backward pass, read from the model's own layers.
+
+`trace` runs the model forward once on symbolic tensors (no memory, no compute; the backend's own shape
+inference, as `Layer.compute_output_spec` does) and records every layer call, nested ones included: what
+went in, what came out. `peak_bytes` then replays the backward pass over those calls in reverse and
+returns the most activation memory live at once.
+
+NOTE [ What the backward pass keeps ]
+A layer's backward pass needs some of its forward tensors; those stay in memory from the forward pass until
+that layer's backward has run (gradients of activations are produced and freed as the backward walks back).
+The rules, per layer call:
+  - a layer with trainable weights (Dense, Conv, EinsumDense...) keeps its floating inputs: the kernel's
+    gradient is a product with them (Embedding's input is integer ids: nothing kept);
+  - a normalisation layer keeps the centred input and the normalised values (two tensors of its output's
+    size; the per-row statistics are small), not its input;
+  - an activation computed from its output (relu, sigmoid, tanh, softmax, elu) keeps the output; one that
+    needs its input keeps that, plus the factors autodiff saves (gelu: 3 tensors, silu/swish and mish: 2,
+    others 1), each the output's size;
+  - max pooling keeps its input and output; dropout (rate > 0) keeps a mask of one byte per value;
+  - views and reductions whose gradient needs nothing (Flatten, Reshape, Add, Concatenate, average
+    pooling, cropping and padding, an inactive Dropout) keep nothing, and a view shares its input's memory;
+  - a layer that calls sublayers keeps the sublayers' outputs that its own code uses (attention's query,
+    key and value); MultiHeadAttention also keeps its attention probabilities, batch x heads x queries x
+    keys float32 values (softmax runs in float32), and its backward holds two more of that size (the
+    gradients of the probabilities and of the scores); flash attention keeps none of them;
+  - any other layer keeps its floating inputs (the safe guess).
+At each step of the backward pass the live activation memory is: the kept tensors of that layer and of every
+layer before it, the gradients in flight (each activation's gradient lives from the backward of its last
+consumer to the backward of its producer: the residual stream's while a branch runs), and that layer's
+temporaries (for a layer with an activation, the pre-activation's gradient: XLA gives it a buffer of its own
+beside the output's gradient). The peak is the step where that and the weight gradients made so far (every
+gradient is held until the optimizer applies it) add up to the most. The model's inputs are the batch,
+counted apart. Checked against XLA's own analysis of the compiled step in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+import keras
+import numpy as np
+
+# Activations whose gradient is computed from their output alone.
+_FROM_OUTPUT = {"relu", "relu6", "sigmoid", "tanh", "softmax", "log_softmax", "elu", "exponential", "hard_sigmoid",
+                "linear"}
+# Extra tensors of the output's size that autodiff keeps for activations computed from their input.
+_SAVED_FACTORS = {"gelu": 3, "silu": 2, "swish": 2, "mish": 2}
+_L = keras.layers
+_VIEWS = (_L.Flatten, _L.Reshape, _L.Identity, _L.InputLayer)
+_FREE = (_L.Add, _L.Subtract, _L.Average, _L.Concatenate, _L.GlobalAveragePooling1D, _L.GlobalAveragePooling2D,
+         _L.GlobalAveragePooling3D, _L.AveragePooling1D, _L.AveragePooling2D, _L.AveragePooling3D, _L.Cropping1D,
+         _L.Cropping2D, _L.Cropping3D, _L.ZeroPadding1D, _L.ZeroPadding2D, _L.ZeroPadding3D, _L.RepeatVector,
+         _L.Permute, _L.UpSampling1D, _L.UpSampling2D, _L.UpSampling3D)
+_NORMS = (_L.LayerNormalization, _L.BatchNormalization, _L.GroupNormalization, _L.RMSNormalization)
+_MAX_POOLS = (_L.MaxPooling1D, _L.MaxPooling2D, _L.MaxPooling3D, _L.GlobalMaxPooling1D, _L.GlobalMaxPooling2D,
+              _L.GlobalMaxPooling3D)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One traced tensor: `values` at the traced batch, and its kind: "float" (stored in the compute
+    dtype), "float32" (float32 whatever the policy), or an integer/bool dtype name.
+
+    Example:
+
+    >>> Tensor(key=1, values=10, kind="float").nbytes(2), Tensor(key=2, values=10, kind="bool").nbytes(2)
+    (20, 10)
+    """
+
+    key: int
+    values: int
+    kind: str
+
+    def nbytes(self, float_bytes: int) -> int:
+        if self.kind == "float":
+            return self.values * float_bytes
+        return self.values * (4 if self.kind == "float32" else np.dtype(self.kind).itemsize)
+
+
+@dataclass
+class Step:
+    """One step of the forward pass (a layer call, or a composite layer's own code) and what its backward
+    needs: `kept` tensors shared with other steps, `saved` tensors of its own, `temporary` ones.
+
+    Example:
+
+    >>> step = Step("dense", outputs=[Tensor(key=7, values=64, kind="float")])
+    >>> step.kept, step.weights
+    ([], 0)
+    """
+
+    name: str
+    inputs: list[Tensor] = field(default_factory=list)
+    outputs: list[Tensor] = field(default_factory=list)
+    kept: list[Tensor] = field(default_factory=list)
+    saved: list[Tensor] = field(default_factory=list)
+    temporary: list[Tensor] = field(default_factory=list)
+    weights: int = 0  # trainable values of the layer: its gradients appear at this step of the backward pass
+
+
+@dataclass
+class _Call:
+    layer: Any
+    inputs: list[Any]
+    outputs: list[Any] = field(default_factory=list)
+    children: list[_Call] = field(default_factory=list)
+
+
+class _Forward(keras.layers.Layer):
+    """Runs the model in training mode; `compute_output_spec` traces it symbolically (this class keeps the
+    default `compute_output_shape`, so Keras runs `call` on the backend's symbolic tensors)."""
+
+    def __init__(self, model: keras.Model) -> None:
+        super().__init__(name="kfast_forward")
+        self._runs = [model]  # in a list: not tracked as a sublayer
+        self.seen: list[Any] = []
+
+    def call(self, x: Any) -> Any:
+        self.seen = _tensors(x)
+        return self._runs[0](x, training=True)
+
+
+def _tensors(structure: Any) -> list[Any]:
+    return [t for t in keras.tree.flatten(structure) if hasattr(t, "shape") and hasattr(t, "dtype")]
+
+
+def trace(model: keras.Model, x_spec: Any) -> tuple[list[_Call], list[Any]]:
+    """Every layer call of one symbolic training-mode forward pass of `model` on `x_spec` (KerasTensors of
+    a fixed batch), outermost calls last, and the symbolic inputs they started from. The layers' `call` is
+    wrapped on the instance for the trace only (as Keras wraps `build`), and put back after.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu", name="h"),
+    ...                           keras.layers.Dense(2, name="o")])
+    >>> calls, inputs = trace(model, keras.KerasTensor((16, 8)))
+    >>> [(call.layer.name, tuple(call.outputs[0].shape)) for call in calls]
+    [('h', (16, 4)), ('o', (16, 2))]
+    >>> peak_bytes(steps(calls, inputs), float_bytes=4)  # h's relu output, its gradient, the pre-activation's
+    (768, 'h')
+    """
+    calls: list[_Call] = []
+    stack: list[_Call] = []
+    layers = model._flatten_layers(include_self=False)
+
+    def recording(layer: Any, call: Any) -> Any:
+        def record(*args: Any, **kwargs: Any) -> Any:
+            entry = _Call(layer, _tensors((args, kwargs)))
+            if stack:
+                stack[-1].children.append(entry)
+            stack.append(entry)
+            try:
+                out = call(*args, **kwargs)
+            finally:
+                stack.pop()
+            entry.outputs = _tensors(out)
+            calls.append(entry)
+            return out
+        return record
+
+    for layer in layers:
+        object.__setattr__(layer, "call", recording(layer, layer.call))
+    forward = _Forward(model)
+    try:
+        forward.compute_output_spec(x_spec)
+    finally:
+        for layer in layers:
+            object.__delattr__(layer, "call")
+    return calls, forward.seen
+
+
+def _kind(t: Any) -> str:
+    dtype = keras.backend.standardize_dtype(t.dtype)
+    return "float" if keras.backend.is_float_dtype(dtype) else dtype
+
+
+def _values(t: Any) -> int:
+    return int(math.prod(int(d) for d in t.shape))
+
+
+def _activation_name(layer: Any) -> str | None:
+    if isinstance(layer, (_L.ReLU, _L.Softmax, _L.ELU)):
+        return "relu"  # computed from their output, like relu
+    fn = getattr(layer, "activation", None)
+    return getattr(fn, "__name__", None) if callable(fn) else None
+
+
+class _Steps:
+    """Turns recorded calls into `Step`s with tensors keyed by identity (a view shares its input's key)."""
+
+    def __init__(self, model_inputs: list[Any]) -> None:
+        self.alias: dict[int, int] = {}
+        self.inputs = {id(t) for t in model_inputs}
+        self.objects: list[Any] = list(model_inputs)  # keeps traced tensors alive, so ids stay unique
+
+    def tensor(self, t: Any, kind: str | None = None) -> Tensor:
+        self.objects.append(t)
+        key = id(t)
+        while key in self.alias:
+            key = self.alias[key]
+        return Tensor(key, _values(t), kind or _kind(t))
+
+    def floats(self, ts: list[Any]) -> list[Tensor]:
+        out = [self.tensor(t) for t in ts]
+        return [t for t in out if t.kind == "float" and t.key not in self.inputs]
+
+    def leaf(self, call: _Call) -> Step | None:
+        layer = call.layer
+        idle = isinstance(layer, _L.Dropout) and not 0 < getattr(layer, "rate", 0) < 1
+        if (isinstance(layer, _VIEWS) or idle) and len(call.inputs) == 1 and len(call.outputs) == 1:
+            self.alias[id(call.outputs[0])] = self.tensor(call.inputs[0]).key
+            self.objects.append(call.outputs[0])
+            return None
+        step = Step(layer.name, [self.tensor(t) for t in call.inputs], [self.tensor(t) for t in call.outputs])
+        step.weights = sum(math.prod(int(d) for d in v.shape) for v in layer.trainable_weights)
+        if isinstance(layer, _FREE):
+            return step
+        if isinstance(layer, _L.Dropout):
+            step.saved = [Tensor(-1, t.values, "bool") for t in step.outputs]
+            return step
+        if isinstance(layer, _NORMS):
+            # (x - mean) and the normalised values, each the output's size; the statistics are small.
+            step.saved = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float" for _ in range(2)]
+            return step
+        if isinstance(layer, _MAX_POOLS):
+            step.kept = self.floats(call.inputs) + step.outputs
+            return step
+        activation = _activation_name(layer)
+        weighted = bool(layer.trainable_weights)
+        if not weighted and not isinstance(layer, _L.Activation) and activation is None:
+            step.kept = self.floats(call.inputs)  # an unknown layer: its inputs, the safe guess
+            return step
+        step.kept = self.floats(call.inputs) if weighted else []
+        if activation not in (None, "linear"):
+            # The gradient of the pre-activation: XLA gives it a buffer of its own beside the output's.
+            step.temporary = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"]
+        if activation in _FROM_OUTPUT and activation != "linear":
+            step.kept += [t for t in step.outputs if t.kind == "float"]
+        elif activation not in (None, "linear"):
+            step.kept += [t for t in step.outputs if t.kind == "float"]
+            if not weighted:
+                step.kept += self.floats(call.inputs)
+            step.saved = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"
+                          for _ in range(_SAVED_FACTORS.get(activation, 1))]
+        return step
+
+    def own(self, call: _Call, made: set[int]) -> Step:
+        """The composite layer's own code: it uses what its sublayers made and no sublayer took, and makes
+        what sublayers take that no one made."""
+        taken = {id(t) for child in call.children for t in child.inputs}
+        finals = {id(t) for t in call.outputs}
+        used = [t for child in call.children for t in child.outputs if id(t) not in taken and id(t) not in finals]
+        step = Step(call.layer.name + "/own", [self.tensor(t) for t in used])
+        outside = {id(t) for t in call.inputs} | made
+        step.outputs = [self.tensor(t) for child in call.children for t in child.inputs if id(t) not in outside]
+        step.outputs += [self.tensor(t) for t in call.outputs if id(t) not in made]
+        step.kept = self.floats(used)
+        layer = call.layer
+        if isinstance(layer, _L.MultiHeadAttention) and not getattr(layer, "_flash_attention", False):
+            query = call.inputs[0].shape
+            value = call.inputs[1].shape if len(call.inputs) > 1 else query
+            scores = int(query[0]) * layer.num_heads * math.prod(int(d) for d in query[1:-1]) * math.prod(
+                int(d) for d in value[1:-1])
+            step.saved = [Tensor(-1, scores, "float32")]  # the attention probabilities
+            if getattr(layer, "dropout", 0) > 0:
+                step.saved.append(Tensor(-1, scores, "bool"))
+            step.temporary = [Tensor(-1, scores, "float32")] * 2  # gradients of the probabilities and scores
+        return step
+
+    def steps(self, call: _Call) -> list[Step]:
+        if not call.children:
+            step = self.leaf(call)
+            return [step] if step else []
+        out: list[Step] = []
+        made: set[int] = set()
+        own_at = None
+        for child in call.children:
+            if own_at is None and any(id(t) not in made and id(t) not in {id(i) for i in call.inputs}
+                                      for t in child.inputs):
+                own_at = len(out)
+            out += self.steps(child)
+            made |= {id(t) for t in child.outputs}
+        own = self.own(call, made)
+        out.insert(len(out) if own_at is None else own_at, own)
+        return out
+
+
+def steps(calls: list[_Call], model_inputs: list[Any]) -> list[Step]:
+    """The forward pass as `Step`s in execution order, from `trace`'s calls."""
+    builder = _Steps(model_inputs)
+    children = {id(child) for call in calls for child in call.children}
+    out: list[Step] = []
+    for call in calls:
+        if id(call) not in children:  # top-level calls, in the order they ran
+            out += builder.steps(call)
+    return out
+
+
+def peak_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -> tuple[int, str]:
+    """The activation memory live at the peak of the backward pass of `forward` (see NOTE [ What the
+    backward pass keeps ]), with floating values of `float_bytes` each, and the step where it happens. The
+    peak is the step where activations and the weight gradients made so far (`gradient_bytes` per value)
+    hold the most together; the activations there are returned."""
+    needed_by: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    produced: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for i, step in enumerate(forward):
+        for t in step.kept:
+            needed_by[t.key] = min(needed_by.get(t.key, i), i)
+            sizes[t.key] = t.nbytes(float_bytes)
+        for t in step.outputs:
+            produced.setdefault(t.key, i)
+            if t.kind == "float":
+                sizes.setdefault(t.key, t.nbytes(float_bytes))
+        for t in step.inputs:
+            last_use[t.key] = i
+    best, where, most = 0, "none", -1
+    weight_gradients = 0
+    for i in range(len(forward) - 1, -1, -1):
+        step = forward[i]
+        weight_gradients += step.weights * gradient_bytes
+        # A kept tensor no step made is the model's input (a backend may convert it on the way in): the batch.
+        kept = sum(sizes[k] for k, first in needed_by.items() if first <= i and k in produced)
+        saved = sum(t.nbytes(float_bytes) for s in forward[:i + 1] for t in s.saved)
+        flowing = sum(sizes[k] for k, p in produced.items() if k in sizes and
+                      (p == i or p < i <= last_use.get(k, -1)))
+        live = kept + saved + flowing + sum(t.nbytes(float_bytes) for t in step.temporary)
+        if live + weight_gradients > most:
+            best, where, most = live, step.name, live + weight_gradients
+    return best, where
