@@ -48,11 +48,11 @@ def transformer(length=64, width=128):
     return _compiled(keras.Model(tokens, keras.layers.Dense(10)(x)))
 
 
-# (prediction / XLA - 1) must lie in these bounds: measured -0.0..+0.04 (MLP), -0.14..-0.13 (CNN) and
-# -0.28..-0.16 (transformer); the CNN's and the transformer's gaps are XLA's own copies on CPU (transposed
-# layouts for convolutions' kernel gradients and batched attention products, materialised broadcasts of layer
-# normalisation), see benchmarks/RESULTS.md.
-BOUNDS = {"mlp": (-0.10, 0.10), "cnn": (-0.20, 0.0), "transformer": (-0.35, 0.0)}
+# (prediction / XLA - 1) must lie in these bounds, the issue's 10%: measured +0.7..+3.7% (MLP), +0.0..+0.1%
+# (CNN) and -9.6..+0.3% (transformer; at batch 64 and 256 XLA's buffer packing on CPU adds about 7% beyond
+# what is live at its peak), with the layout copies of XLA's CPU backend counted as activations (NOTE [ What
+# the backward pass keeps ] in kfast/planning/activations.py), see benchmarks/RESULTS.md.
+BOUNDS = {"mlp": (-0.10, 0.10), "cnn": (-0.10, 0.10), "transformer": (-0.10, 0.10)}
 MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
 
 
@@ -64,7 +64,7 @@ def _batch(model, size):
 
 def test_the_prediction_is_the_same_on_every_backend():
     # Read from the layers on symbolic tensors, the prediction does not depend on the backend that traced them.
-    expected = {"mlp": 196608, "cnn": 7340032, "transformer": 12058624}  # activations at batch 16
+    expected = {"mlp": 196608, "cnn": 8585216, "transformer": 15204352}  # activations at batch 16
     for name, build in MODELS.items():
         model = build()
         assert estimate_memory(model, _batch(model, 16)).activations == expected[name], name

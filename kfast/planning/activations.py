@@ -8,11 +8,16 @@ returns the most activation memory live at once.
 NOTE [ What the backward pass keeps ]
 A layer's backward pass needs some of its forward tensors; those stay in memory from the forward pass until
 that layer's backward has run (gradients of activations are produced and freed as the backward walks back).
-The rules, per layer call:
+The rules, per layer call (a functional model's operations between layers, such as a residual's add, are
+steps too: an add keeps nothing, but its inputs' gradients flow from its backward):
   - a layer with trainable weights (Dense, Conv, EinsumDense...) keeps its floating inputs: the kernel's
     gradient is a product with them (Embedding's input is integer ids: nothing kept);
+  - a convolution (Conv1D/2D/3D) also keeps a second copy of its input, the batch included, re-laid-out with
+    the batch as the contracted axis (XLA makes it in the forward pass for the kernel's gradient), and its
+    backward holds its output's gradient re-laid-out the same way while that gradient is computed;
   - a normalisation layer keeps the centred input and the normalised values (two tensors of its output's
-    size; the per-row statistics are small), not its input;
+    size; the per-row statistics are small), not its input; layer normalisation also keeps its inverse
+    deviation and its scale broadcast to the input's whole shape (four tensors in all);
   - an activation computed from its output (relu, sigmoid, tanh, softmax, elu) keeps the output; one that
     needs its input keeps that, plus the factors autodiff saves (gelu: 3 tensors, silu/swish and mish: 2,
     others 1), each the output's size;
@@ -21,16 +26,25 @@ The rules, per layer call:
     pooling, cropping and padding, an inactive Dropout) keep nothing, and a view shares its input's memory;
   - a layer that calls sublayers keeps the sublayers' outputs that its own code uses (attention's query,
     key and value); MultiHeadAttention also keeps its attention probabilities, batch x heads x queries x
-    keys float32 values (softmax runs in float32), and its backward holds two more of that size (the
-    gradients of the probabilities and of the scores); flash attention keeps none of them;
+    keys float32 values (softmax runs in float32), and, on its fused path (no dropout), the scores (XLA
+    keeps them and recomputes softmax in the backward) and the softmax denominator broadcast to the same
+    shape: three such tensors; its backward holds two more (the gradients of the probabilities and of the
+    scores); flash attention keeps none of them;
   - any other layer keeps its floating inputs (the safe guess).
+Layout copies: the convolution's re-laid-out input and output gradient, and the broadcasts kept whole
+(layer normalisation's two, attention's denominator), are copies XLA's CPU backend makes (measured with jax
+0.10.2 in its buffer assignment); they are memory the step takes there, and may be absent where a compiler
+reads the original layout (cuDNN on a GPU is not measured yet).
 At each step of the backward pass the live activation memory is: the kept tensors of that layer and of every
 layer before it, the gradients in flight (each activation's gradient lives from the backward of its last
 consumer to the backward of its producer: the residual stream's while a branch runs), and that layer's
 temporaries (for a layer with an activation, the pre-activation's gradient: XLA gives it a buffer of its own
-beside the output's gradient). The peak is the step where that and the weight gradients made so far (every
-gradient is held until the optimizer applies it) add up to the most. The model's inputs are the batch,
-counted apart. Checked against XLA's own analysis of the compiled step in benchmarks/RESULTS.md.
+beside the output's). A layer with an activation runs its backward in two phases, and the more of the two
+counts: the activation's (output, its gradient, the pre-activation's gradient), then the weights' (the output
+and its gradient released; the pre-activation's gradient and the input's gradient). The peak is the step where
+that and the weight gradients made so far (every gradient is held until the optimizer applies it) add up to
+the most. The model's inputs are the batch, counted apart. Checked against XLA's own analysis of the compiled
+step in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -54,7 +68,9 @@ _FREE = (_L.Add, _L.Subtract, _L.Average, _L.Concatenate, _L.GlobalAveragePoolin
          _L.GlobalAveragePooling3D, _L.AveragePooling1D, _L.AveragePooling2D, _L.AveragePooling3D, _L.Cropping1D,
          _L.Cropping2D, _L.Cropping3D, _L.ZeroPadding1D, _L.ZeroPadding2D, _L.ZeroPadding3D, _L.RepeatVector,
          _L.Permute, _L.UpSampling1D, _L.UpSampling2D, _L.UpSampling3D)
+_FREE_OPS = {"Add", "Subtract", "Concatenate", "Reshape", "Transpose", "ExpandDims", "Squeeze"}  # keras.ops
 _NORMS = (_L.LayerNormalization, _L.BatchNormalization, _L.GroupNormalization, _L.RMSNormalization)
+_CONVS = (_L.Conv1D, _L.Conv2D, _L.Conv3D)
 _MAX_POOLS = (_L.MaxPooling1D, _L.MaxPooling2D, _L.MaxPooling3D, _L.GlobalMaxPooling1D, _L.GlobalMaxPooling2D,
               _L.GlobalMaxPooling3D)
 
@@ -99,6 +115,7 @@ class Step:
     saved: list[Tensor] = field(default_factory=list)
     temporary: list[Tensor] = field(default_factory=list)
     weights: int = 0  # trainable values of the layer: its gradients appear at this step of the backward pass
+    activation: bool = False  # its backward runs in two phases: the activation's, then the weights'
 
 
 @dataclass
@@ -144,7 +161,9 @@ def trace(model: keras.Model, x_spec: Any) -> tuple[list[_Call], list[Any]]:
     """
     calls: list[_Call] = []
     stack: list[_Call] = []
-    layers = model._flatten_layers(include_self=False)
+    layers = list(model._flatten_layers(include_self=False))
+    # Operations between layers in a functional model (`x + y`, a residual's add) are steps too.
+    layers += [op for op in getattr(model, "operations", []) if not isinstance(op, keras.layers.Layer)]
 
     def recording(layer: Any, call: Any) -> Any:
         def record(*args: Any, **kwargs: Any) -> Any:
@@ -215,21 +234,24 @@ class _Steps:
             self.objects.append(call.outputs[0])
             return None
         step = Step(layer.name, [self.tensor(t) for t in call.inputs], [self.tensor(t) for t in call.outputs])
-        step.weights = sum(math.prod(int(d) for d in v.shape) for v in layer.trainable_weights)
-        if isinstance(layer, _FREE):
+        step.weights = sum(math.prod(int(d) for d in v.shape) for v in getattr(layer, "trainable_weights", []))
+        if isinstance(layer, _FREE) or type(layer).__name__ in _FREE_OPS:
             return step
         if isinstance(layer, _L.Dropout):
             step.saved = [Tensor(-1, t.values, "bool") for t in step.outputs]
             return step
         if isinstance(layer, _NORMS):
-            # (x - mean) and the normalised values, each the output's size; the statistics are small.
-            step.saved = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float" for _ in range(2)]
+            # (x - mean) and the normalised values, each the output's size; the statistics are small. Layer
+            # normalisation also keeps its inverse deviation and its scale broadcast whole (layout copies).
+            copies = 4 if isinstance(layer, _L.LayerNormalization) else 2
+            step.saved = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"
+                          for _ in range(copies)]
             return step
         if isinstance(layer, _MAX_POOLS):
             step.kept = self.floats(call.inputs) + step.outputs
             return step
         activation = _activation_name(layer)
-        weighted = bool(layer.trainable_weights)
+        weighted = bool(getattr(layer, "trainable_weights", []))
         if not weighted and not isinstance(layer, _L.Activation) and activation is None:
             step.kept = self.floats(call.inputs)  # an unknown layer: its inputs, the safe guess
             return step
@@ -237,6 +259,7 @@ class _Steps:
         if activation not in (None, "linear"):
             # The gradient of the pre-activation: XLA gives it a buffer of its own beside the output's.
             step.temporary = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"]
+            step.activation = True
         if activation in _FROM_OUTPUT and activation != "linear":
             step.kept += [t for t in step.outputs if t.kind == "float"]
         elif activation not in (None, "linear"):
@@ -245,6 +268,12 @@ class _Steps:
                 step.kept += self.floats(call.inputs)
             step.saved = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"
                           for _ in range(_SAVED_FACTORS.get(activation, 1))]
+        if isinstance(layer, _CONVS):
+            # The kernel's gradient convolves the input re-laid-out (batch as the contracted axis): that copy is
+            # made in the forward pass and held until the kernel gradient (a layout copy), the batch's too.
+            step.saved += [t for t in map(self.tensor, call.inputs) if t.kind == "float"]
+            # ... and the output's gradient re-laid-out the same way, while the kernel's gradient is computed.
+            step.temporary += [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"]
         return step
 
     def own(self, call: _Call, made: set[int]) -> Step:
@@ -267,6 +296,8 @@ class _Steps:
             step.saved = [Tensor(-1, scores, "float32")]  # the attention probabilities
             if getattr(layer, "dropout", 0) > 0:
                 step.saved.append(Tensor(-1, scores, "bool"))
+            else:  # the fused product: its scores, kept to recompute softmax, and the denominator broadcast whole
+                step.saved += [Tensor(-1, scores, "float32")] * 2
             step.temporary = [Tensor(-1, scores, "float32")] * 2  # gradients of the probabilities and scores
         return step
 
@@ -326,9 +357,15 @@ def peak_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -
         # A kept tensor no step made is the model's input (a backend may convert it on the way in): the batch.
         kept = sum(sizes[k] for k, first in needed_by.items() if first <= i and k in produced)
         saved = sum(t.nbytes(float_bytes) for s in forward[:i + 1] for t in s.saved)
-        flowing = sum(sizes[k] for k, p in produced.items() if k in sizes and
-                      (p == i or p < i <= last_use.get(k, -1)))
-        live = kept + saved + flowing + sum(t.nbytes(float_bytes) for t in step.temporary)
+        own = sum(sizes[k] for k, p in produced.items() if k in sizes and p == i)
+        before = [(k, last_use.get(k, -1)) for k, p in produced.items() if k in sizes and p < i]
+        later = sum(sizes[k] for k, last in before if last > i)  # gradients already begun by later consumers
+        inputs = sum(sizes[k] for k, last in before if last == i)  # gradients this step begins
+        temporary = sum(t.nbytes(float_bytes) for t in step.temporary)
+        live = kept + saved + own + later + inputs + temporary
+        if step.activation:  # the activation's backward, then the weights' without the output and its gradient
+            kept_own = sum(sizes[k] for k, first in needed_by.items() if first == i and produced.get(k) == i)
+            live = max(kept + saved + own + later + temporary, kept - kept_own + saved + later + inputs + temporary)
         if live + weight_gradients > most:
             best, where, most = live, step.name, live + weight_gradients
     return best, where
