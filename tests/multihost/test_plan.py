@@ -16,6 +16,8 @@ from runner import JOB_ENV, SCRIPTS, horovodrun
 
 KFAST = os.path.join(os.path.dirname(sys.executable), "kfast")
 JOBS = {1: "hostA:1", 2: "hostA:1,hostB:1", 3: "hostA:1,hostB:1,hostC:1"}
+# One rank exchanges nothing, so its step time is the same on either link: measured once, for both rates.
+_ONE_RANK: dict[int, float] = {}
 
 
 @pytest.mark.timeout(420)
@@ -38,12 +40,18 @@ def test_plan_predicts_real_step_times_on_a_shaped_link_within_25_percent(fresh,
     assert 0.7 * rate_mbit <= measured_mbit <= 1.1 * rate_mbit, plan
     predicted = {row["ranks"]: row["step_s"] for row in plan["rows"]}
 
-    measured = {}
+    measured = dict(_ONE_RANK)
     for n, hosts in JOBS.items():
-        horovodrun(cluster, hosts, f"{SCRIPTS}/plan_job.py", f"{harness.HOST_DIR}/work/plan-{n}.json", 10,
+        if n in measured:
+            continue
+        horovodrun(cluster, hosts, f"{SCRIPTS}/plan_job.py", f"{harness.HOST_DIR}/work/plan-{n}.json",
+                   # One rank's ~20 ms steps are the noisiest on two shared cores: its median over the whole
+                   # epoch (16 batches; the first two trace), the others' over 8.
+                   16 if n == 1 else 10,
                    timeout=200)
         with open(cluster.path("hostA", "work", f"plan-{n}.json")) as f:
             measured[n] = json.load(f)["step_s"]
+    _ONE_RANK[1] = measured[1]
     table = "\n".join(f"ranks {n}: predicted {predicted[n] * 1e3:.1f} ms, measured {measured[n] * 1e3:.1f} ms "
                       f"({predicted[n] / measured[n] - 1:+.0%})" for n in JOBS)
     print(f"\nlink {rate_mbit} Mbit/s shaped, {measured_mbit:.0f} Mbit/s and {plan['latency_s'] * 1e6:.0f} us "
