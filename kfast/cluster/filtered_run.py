@@ -4,6 +4,13 @@ the stop signals this process receives passed on to it.
 The signals go through kfast's one signal owner (`kfast._core.signal_handling.catch`), which tells a catcher
 of each signal twice (from its watch thread as it arrives, and from the main thread's handler): one arrival
 of a signal is passed on once, so a Ctrl-C reaches horovodrun as one Ctrl-C.
+
+NOTE [ Passing a signal on a second late ]
+A terminal's Ctrl-C and Slurm's scancel signal every process of the job, horovodrun too; `kill PID` or a
+container runtime signals this process alone. Both must stop the job, so the signal is passed on either way,
+but not at once: horovodrun's handler sets a `threading.Event` under a lock that is not re-entrant, and a
+second SIGTERM arriving while that handler runs (ours, a few ms after the scheduler's) deadlocks it, so
+scancel's job hung until Slurm's SIGKILL 30 s later. `_PASS_ON_AFTER_S` later the first handler is long done.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # The watch thread's and the handler's calls for one arrival come within a few ms of each other; a person
 # pressing Ctrl-C again takes longer than this.
 _SAME_ARRIVAL_S = 0.25
+# See the NOTE: a handler that sets an Event takes microseconds; a second is also short enough for a person.
+_PASS_ON_AFTER_S = 1.0
 
 
 class _Arrivals:
@@ -47,9 +56,9 @@ def run(cmd: Sequence[str], cwd: str | None = None, stop_grace_s: float = 30,
     """Runs `cmd` with its stderr filtered through `tf_noise.copy` and returns its exit status (128+N for
     signal N).
 
-    SIGINT, SIGTERM and SIGHUP sent to this process are passed on to `cmd` (horovodrun stops its ranks on
-    them), and this process waits for it; if it is still running `stop_grace_s` seconds after such a signal,
-    it is killed. When the command ends, the signals mean what they meant before.
+    SIGINT, SIGTERM and SIGHUP sent to this process are passed on to `cmd` a second later (horovodrun stops
+    its ranks on them; see the NOTE at the top), and this process waits for it; if it is still running
+    `stop_grace_s` seconds after such a signal, it is killed. When the command ends, the signals mean what they meant before.
 
     Args:
         cmd: the command line.
@@ -68,7 +77,12 @@ def run(cmd: Sequence[str], cwd: str | None = None, stop_grace_s: float = 30,
     forward.start()
     own = dict(handlers or {})
     arrivals = _Arrivals()
-    passed_on: list[float] = []  # when the first signal was passed on: the grace period starts then
+    passed_on: list[float] = []  # when the first signal to pass on arrived: the grace period starts then
+    timers: list[threading.Timer] = []
+
+    def pass_on(signum: int) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
 
     def caught(signum: int) -> None:
         if not arrivals.new(signum):
@@ -77,7 +91,10 @@ def run(cmd: Sequence[str], cwd: str | None = None, stop_grace_s: float = 30,
             own[signum](proc.pid)
         elif proc.poll() is None:
             passed_on.append(time.monotonic())
-            proc.send_signal(signum)
+            timer = threading.Timer(_PASS_ON_AFTER_S, pass_on, args=(signum,))
+            timer.daemon = True
+            timers.append(timer)
+            timer.start()
 
     taken = signal_handling.catch((*PASSED_ON, *own), caught)
     try:
@@ -91,5 +108,7 @@ def run(cmd: Sequence[str], cwd: str | None = None, stop_grace_s: float = 30,
     finally:
         if taken is not None:
             taken.release()
+        for timer in timers:
+            timer.cancel()
     forward.join(timeout=5)
     return 128 - code if code < 0 else code

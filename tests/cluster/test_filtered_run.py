@@ -76,3 +76,40 @@ def test_a_command_that_ignores_the_stop_is_killed_after_the_grace_period():
     """)
     _, out, err = _run_and_signal(launcher, child, signal.SIGTERM, 30)
     assert out.splitlines() == ["status 137"], (out, err)
+
+
+def test_a_signal_to_the_whole_group_reaches_the_command_again_only_after_its_handler_ended():
+    # Slurm's scancel and a terminal's Ctrl-C signal the command as well as the launcher. horovodrun's handler
+    # takes a lock that is not re-entrant (threading.Event.set), so a copy arriving while it runs deadlocks
+    # it: this command's handler holds its lock for 0.3 s and notes a copy that arrives meanwhile.
+    child = textwrap.dedent("""
+        import signal, sys, time
+        got, nested, busy = [], [], []
+        def handler(signum, frame):
+            if busy:
+                nested.append(signum)
+                return
+            busy.append(1)
+            time.sleep(0.3)
+            got.append(signum)
+            busy.clear()
+        signal.signal(signal.SIGTERM, handler)
+        print("child ready", flush=True)
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)
+        print("child saw", len(got), "SIGTERM,", len(nested), "during its handler", flush=True)
+    """)
+    launcher = LAUNCHER.replace("SIGINT", "SIGTERM")
+    proc = subprocess.Popen([sys.executable, "-c", launcher, child], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "child ready\n"
+        os.killpg(proc.pid, signal.SIGTERM)  # the launcher and the command at once, as scancel does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert out.splitlines() == ["child saw 2 SIGTERM, 0 during its handler", "status 0 restored True"], (out, err)

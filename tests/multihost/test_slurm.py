@@ -170,7 +170,9 @@ def test_scancel_ends_every_rank_on_every_node_within_a_bound_and_leaves_nothing
     print(f"\nscancel: job {fields['JobState']}, every process, segment and temp dir gone after {took:.1f} s")
     assert fields["JobState"] == "CANCELLED"
     assert gone, {n: _leftovers(cluster, n) for n in NODES[:2]}
-    assert took < 30
+    # Slurm sends SIGKILL after KillWait (30 s): a stop that waited for it fails here (horovodrun once hung
+    # on two SIGTERMs, Slurm's and kfast launch's, arriving together).
+    assert took < 15
 
 
 def _log(cluster, run, rank):

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 import kfast
+from kfast._core import signal_handling
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
@@ -26,6 +27,9 @@ loader = kfast.data.FastLoader(data, workers=2)
 batches = iter(loader)
 x, _ = next(batches)
 kfast.distributed.allreduce_mean_values([1.0])  # every rank has its loader
+# Said by the process itself, after its loader's clean-ups, when SIGTERM or SIGHUP ends it (SIGKILL says
+# nothing): the shell's own "Terminated" line is lost when horovodrun freezes the shell before it prints.
+signal_handling.on_termination(lambda: print(f"rank {rank} ends on a stop signal", flush=True))
 print(f"rank {rank} loader ready, first batch sum {float(x.sum())}", flush=True)
 if rank == args.fail_rank:
     print(f"rank {rank} fails on purpose", flush=True)
