@@ -13,6 +13,14 @@ BACKEND_INPUTS := setup.cfg pyproject.toml constraints.txt constraints-backends.
 # The slow tiers (pytest markers, registered in setup.cfg and given in tests/conftest.py): `make check` runs
 # every test that has none of them.
 SLOW_TIERS := distributed or multihost or slurm or slow
+# `make test` runs the `timing` tests alone, one at a time (they assert on measured time, which a test beside them
+# would stretch), and every other test on two pytest-xdist workers; `--dist loadgroup` keeps the namespace hosts'
+# tests on one worker (tests/conftest.py groups them), which start their harness once. Each phase runs even when
+# one before failed, so one run shows every failure.
+PARALLEL := -n 2 --dist loadgroup
+define phases
+status=0; for phase in $(1); do eval "$$phase" || status=1; done; exit $$status
+endef
 
 .PHONY: demo test check docs setup multihost-setup gpu-build-check backend-setup test-backends clean
 
@@ -51,8 +59,11 @@ $(BACKEND_STAMPS): $(BACKEND_INPUTS)
 # PyTorch's OpenMP threads spin while they wait: on a busy 2-core machine they stretched the tests' 1 ms steps
 # to as much as 120 ms and flipped timing verdicts, so its run computes on one thread.
 test-backends: $(BACKEND_STAMPS)
-	KERAS_BACKEND=jax .venv-jax/bin/pytest -m backends
-	KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest -m backends
+	@$(call phases, \
+	  'KERAS_BACKEND=jax .venv-jax/bin/pytest $(PARALLEL) -m "backends and not timing"' \
+	  'KERAS_BACKEND=jax .venv-jax/bin/pytest -m "backends and timing"' \
+	  'KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest $(PARALLEL) -m "backends and not timing"' \
+	  'KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest -m "backends and timing"')
 
 # The fast tier: no job of several ranks, no harness, no whole recipe, docs site or type check.
 check: $(STAMP)
@@ -61,8 +72,10 @@ check: $(STAMP)
 # Every tier. The docs site is built once, with --strict, by tests/test_docs.py (a broken link, a missing page
 # or an API name that does not resolve fails it).
 test: $(STAMP) multihost-setup gpu-build-check backend-setup
-	$(VENV)/bin/pytest
-	$(MAKE) --no-print-directory test-backends
+	@$(call phases, \
+	  '$(VENV)/bin/pytest $(PARALLEL) -m "not timing"' \
+	  '$(VENV)/bin/pytest -m timing' \
+	  '$(MAKE) --no-print-directory test-backends')
 
 clean:
 	rm -rf $(VENV) $(GPU_VENV) .venv-jax .venv-torch build site *.egg-info

@@ -27,7 +27,7 @@ py=$venv/bin/python
 echo "Installing kfast with ${framework[*]} into $venv (pinned by constraints.txt and constraints-backends.txt)"
 "$py" -m pip install -q --upgrade "pip>=24" "setuptools>=69" wheel
 # No extra: kfast's own requirements hold no TensorFlow, and the test extra's notebook tools are not needed here.
-"$py" -m pip install -q -c constraints.txt -c constraints-backends.txt -e . pytest pytest-timeout "${framework[@]}"
+"$py" -m pip install -q -c constraints.txt -c constraints-backends.txt -e . pytest pytest-timeout pytest-xdist "${framework[@]}"
 
 # The point of this venv: kfast must work where TensorFlow is absent, so TensorFlow must really be absent.
 if "$py" -c "import tensorflow" >/dev/null 2>&1; then

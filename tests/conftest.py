@@ -23,6 +23,9 @@ for _signum, _default in ((signal.SIGINT, signal.default_int_handler), (signal.S
 #   - the `horovodrun` and `horovodrun_module` fixtures: `distributed`, wherever the test lives;
 #   - BACKEND_MODULES: `backends`, the tests `make test-backends` runs again on JAX and on PyTorch (on
 #     TensorFlow most are fast and stay in the fast tier).
+#   - TIMING_MODULES and MARKS' `timing`: tests that assert on measured time (a verdict, a speed-up, a bound of a
+#     few seconds); `make test` runs the others on two workers and these alone, where nothing else takes the CPU;
+#   - tests/multihost/: the xdist group "namespace-hosts", so that under two workers one of them runs the harness.
 # Elsewhere a test says it itself: `@pytest.mark.distributed` when it starts ranks another way (`kfast launch
 # -np 2`), `@pytest.mark.slow` when it takes more than about 3 s on a 2-core machine (most of those start a
 # fresh Python that imports TensorFlow). MARKS gives the same markers to tests whose files do not say them yet.
@@ -35,9 +38,30 @@ BACKEND_MODULES = frozenset({
     "tests/data/test_loader_batch_sizes.py", "tests/test_plan_memory_xla.py",
 })
 
+# The JAX engine's tests: collected only with Keras on JAX (in .venv-jax, by `make test-backends`), marked
+# `backends` as BACKEND_MODULES are; tests/distributed/ gives them `distributed` too.
+JAX_MODULES = frozenset({"tests/distributed/test_jax_engine.py"})
+
+# Every test of these modules measures: diagnosis verdicts and shares, the tuner's trials, the demo's verdict.
+TIMING_MODULES = frozenset({
+    "tests/test_diagnose.py", "tests/test_diagnose_data.py", "tests/test_diagnose_shares.py",
+    "tests/test_diagnose_timing.py", "tests/test_demo.py", "tests/test_tune.py", "tests/test_tune_tf_data.py",
+    "tests/multihost/test_plan.py",  # measured steps over shaped links against the prediction
+})
+
 # {marker: {file: [test function, ...]}}; every parameter of a listed function gets the marker. A name that is
 # not (or no longer) a test of its file is an error, so that a renamed test cannot drop back into the fast tier.
 MARKS = {
+    "timing": {
+        "tests/data/test_loader_promises.py": [
+            "test_a_slow_first_batch_is_under_timeout",
+            "test_sigterm_during_a_stuck_batch_in_fit_ends_the_process_and_leaves_nothing"],
+        "tests/data/test_loader_robustness.py": [
+            "test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing",
+            "test_timeout_names_the_batch_the_worker_and_where_it_is_stuck"],
+        "tests/distributed/test_preemption.py": [
+            "test_sigterm_during_a_stuck_batch_ends_within_the_bound_without_a_checkpoint"],
+    },
     "distributed": {
         "tests/recipes/test_recipes.py": ["test_recipe_trains_on_two_ranks"],  # kfast launch -np 2
     },
@@ -111,15 +135,16 @@ def _relative(config, path):
 
 
 def pytest_ignore_collect(collection_path, config):
-    if _TENSORFLOW:
-        return None
     path = _relative(config, collection_path)
     if path == "." or path.startswith("../"):
         return None
+    modules = BACKEND_MODULES | (JAX_MODULES if os.environ.get("KERAS_BACKEND") == "jax" else frozenset())
+    if _TENSORFLOW:
+        return (path in JAX_MODULES and path not in modules) or None
     if collection_path.is_dir():  # a folder without a backend module: not even its conftest.py is imported
-        return not any(module.startswith(path + "/") for module in BACKEND_MODULES) or None
+        return not any(module.startswith(path + "/") for module in modules) or None
     if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return path not in BACKEND_MODULES or None
+        return path not in modules or None
     return None
 
 
@@ -130,22 +155,32 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    listed = {(path, name): marker for marker, files in MARKS.items() for path, names in files.items()
-              for name in names}
+    listed: dict[tuple[str, str], list[str]] = {}
+    for marker, files in MARKS.items():
+        for path, names in files.items():
+            for name in names:
+                listed.setdefault((path, name), []).append(marker)
     modules = {}
     for item in items:
         path = _relative(config, item.path)
         modules.setdefault(path, getattr(item, "module", None))
-        if path.startswith("tests/multihost/") and item.get_closest_marker("slurm") is None:
-            item.add_marker(pytest.mark.multihost)
+        if path.startswith("tests/multihost/"):
+            if item.get_closest_marker("slurm") is None:
+                item.add_marker(pytest.mark.multihost)
+            # One harness of namespace hosts per session: under pytest-xdist (`make test`) every test that uses it
+            # runs on the same worker (`--dist loadgroup`), while the other worker takes the rest.
+            item.add_marker(pytest.mark.xdist_group("namespace-hosts"))
         if path.startswith("tests/distributed/") and item.get_closest_marker("single_process") is None \
                 or {"horovodrun", "horovodrun_module"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.distributed)
-        if path in BACKEND_MODULES:
+        if path in BACKEND_MODULES or path in JAX_MODULES:
             item.add_marker(pytest.mark.backends)
-        marker = listed.get((path, getattr(item, "originalname", item.name)))
-        if marker:
+        if path in TIMING_MODULES:
+            item.add_marker(pytest.mark.timing)
+        for marker in listed.get((path, getattr(item, "originalname", item.name)), ()):
             item.add_marker(getattr(pytest.mark, marker))
+    # The harness's tests first: under `--dist loadgroup` their worker starts on them at once, the longest unit.
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
     missing = [f"{path}::{name}" for path, name in listed if path in modules
                and not callable(getattr(modules[path], name, None))]
     if missing:
