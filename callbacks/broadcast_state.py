@@ -8,6 +8,7 @@ from typing import Any
 import keras
 
 from kfast._core.checks import check_int
+from kfast._core import topology
 from kfast.distributed import _horovod
 from kfast.distributed.optimizer import unwrap_for_saving
 from kfast.distributed.steps import check_equal_steps
@@ -52,7 +53,7 @@ class BroadcastState(keras.callbacks.Callback):
         if _horovod.size() == 1:
             return
         check_equal_steps(self.params.get("steps"))
-        if self.model.jit_compile:
+        if self.model.jit_compile and not topology.one_step_for_all():  # JAX's steps are XLA's own
             self.model.jit_compile = False
             self.model.make_train_function(force=True)
             self.model.make_test_function(force=True)

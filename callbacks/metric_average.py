@@ -8,6 +8,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfast._core import topology
 from kfast.distributed import _horovod
 from kfast.distributed.metric_state import sum_metric_states
 
@@ -86,8 +87,8 @@ class MetricAverage(keras.callbacks.Callback):
                                 if np.ndim(keras.ops.convert_to_numpy(v)) == 0}
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs is None or _horovod.size() == 1:
-            return
+        if logs is None or _horovod.size() == 1 or topology.one_step_for_all():
+            return  # on the JAX engine the step ran over the whole job's batch (kfast/distributed/_jax.py)
         # Validation values come from the summed states (on_test_end); the rest is averaged over ranks.
         names = [k for k in _numeric(logs) if k not in self._validation]
         if names:

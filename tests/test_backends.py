@@ -21,20 +21,21 @@ def test_keras_runs_on_the_backend_this_run_asked_for():
 
 @pytest.fixture
 def elsewhere(monkeypatch):
-    """kfast.distributed, fresh, with Keras on a backend other than TensorFlow (this one, or JAX pretended)."""
+    """kfast.distributed, fresh, with Keras on a backend that has no engine (PyTorch: this one, or pretended)."""
     monkeypatch.setattr(_horovod, "_initialised", False)
     monkeypatch.setattr(_horovod, "_hvd", None)
     for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
         monkeypatch.delenv(name, raising=False)
-    if BACKEND == "tensorflow":
-        monkeypatch.setattr(_horovod, "_keras_backend", lambda: "jax")
-    return BACKEND if BACKEND != "tensorflow" else "jax"
+    if BACKEND != "torch":
+        monkeypatch.setattr(_horovod, "_keras_backend", lambda: "torch")
+    return "torch"
 
 
 def test_distributed_under_horovodrun_needs_the_tensorflow_backend(elsewhere, monkeypatch):
     monkeypatch.setenv("HOROVOD_RANK", "0")
-    with pytest.raises(RuntimeError, match=rf"needs Keras's TensorFlow backend, but this process runs Keras on "
-                                           rf"{elsewhere}\. Set KERAS_BACKEND=tensorflow"):
+    with pytest.raises(RuntimeError, match=rf"Horovod on Keras's TensorFlow backend or with Keras's own distribution "
+                                           rf"on its JAX backend, but this process runs Keras on {elsewhere}\. Set "
+                                           "KERAS_BACKEND=tensorflow"):
         _horovod.init()
     assert not _horovod.is_initialized()
 
@@ -53,18 +54,18 @@ def test_doctor_says_what_works_on_this_backend():
     works = report["keras"]["works"]
     assert report["keras"]["backend"] == BACKEND
     assert set(doctor.EVERY_BACKEND) <= set(works)
-    assert ("kfast.distributed" in works) == (BACKEND == "tensorflow")
+    assert ("kfast.distributed" in works) == (BACKEND in ("tensorflow", "jax"))
     text = doctor.format_report(report)
     assert "\n  works here    FastLoader, ArrayDataset, diagnose, tune, AutoTune, ThroughputMonitor, GPUMonitor" in text
-    notes = [p for p in report["problems"] if "kfast.distributed (Horovod data-parallel)" in p["problem"]]
+    notes = [p for p in report["problems"] if "kfast.distributed needs Keras" in p["problem"]]
     assert not doctor.has_errors(report), report["problems"]
-    if BACKEND == "tensorflow":
+    if BACKEND in ("tensorflow", "jax"):
         assert not notes
     else:
         assert report["keras"]["gpus"] == 0  # CPU builds here
         (note,) = notes
         assert note["severity"] == "warning" and "KERAS_BACKEND=tensorflow" in note["fix"]
-        assert "not kfast.distributed (needs Keras on TensorFlow)" in text
+        assert "not kfast.distributed (needs Keras on TensorFlow or JAX)" in text
         assert not [p for p in report["problems"] if "Horovod is not installed" in p["problem"]]
 
 

@@ -156,7 +156,10 @@ def first_batch(data: Any) -> Any:
 
 def _unbuilt(model: keras.Model, metrics: bool = False) -> bool:
     # model.build() on a subclassed model marks the model built while its layers are not (see the NOTE above).
-    if metrics and getattr(model, "_compile_metrics", None) is not None and not model._compile_metrics.built:
+    # Keras's JAX fit builds the compiled loss and metrics from a first look at the data when either is unbuilt,
+    # which would take the first batch of a resumed epoch: a model compiled without metrics has only the loss.
+    if metrics and any(getattr(model, name, None) is not None and not getattr(model, name).built
+                       for name in ("_compile_metrics", "_compile_loss")):
         return True
     return not model.built or not all(layer.built for layer in model._flatten_layers())
 

@@ -145,6 +145,20 @@ def is_initialized() -> bool:
     return _current is not SINGLE_PROCESS
 
 
+def one_step_for_all() -> bool:
+    """Returns True when one compiled step runs over every process's part of the batch (Keras's distribution
+    on JAX): gradients and metric states are then the whole job's already, with nothing to exchange.
+
+    An engine's topology says so with a true `one_step_for_all` attribute; Horovod's ranks each run their own
+    step, so the answer is False there and for a single process.
+
+    Example:
+    >>> one_step_for_all()
+    False
+    """
+    return bool(getattr(_current, "one_step_for_all", False))
+
+
 def rank() -> int:
     """Returns this process's global rank (0 for a single process).
 

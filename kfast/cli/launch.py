@@ -1,5 +1,6 @@
-"""`kfast launch`: build and run the horovodrun command for a recipe or a script on N processes or several
-hosts: the hosts of `-H`, of a host file, or of the Slurm allocation it runs in."""
+"""`kfast launch`: build and run the command that starts a recipe or a script on N processes or several hosts
+(the hosts of `-H`, of a host file, or of the Slurm allocation it runs in): horovodrun for Keras on TensorFlow,
+kfast's own starter of JAX processes (`kfast.cluster.jax_processes`) for Keras on JAX."""
 
 from __future__ import annotations
 
@@ -14,6 +15,45 @@ def rank_command(recipe: str, recipe_args: Sequence[str], python: str = sys.exec
     if recipe.endswith(".py"):
         return [python, recipe, *recipe_args]
     return [python, "-m", "kfast.cli", "train", recipe, *recipe_args]
+
+
+ENGINES = ("horovod", "jax")
+
+
+def configured_backend() -> str:
+    """Keras's backend as the ranks will see it, without importing Keras: `KERAS_BACKEND`, else the `backend`
+    of Keras's config file (`$KERAS_HOME/keras.json`, or `~/.keras/keras.json`), else `"tensorflow"`."""
+    import json
+    import os
+
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            return str(json.load(f).get("backend", "tensorflow"))
+    except (OSError, ValueError):
+        return "tensorflow"
+
+
+def engine_for(engine: str | None) -> str:
+    """The engine `--engine` names, else the one of Keras's configured backend: `"jax"` on JAX, else `"horovod"`."""
+    return engine or ("jax" if configured_backend() == "jax" else "horovod")
+
+
+def jax_command(np: int, hosts: str | None, recipe: str, recipe_args: Sequence[str],
+                python: str = sys.executable) -> list[str]:
+    """The command `kfast launch` runs on the JAX engine: kfast's starter of `np` JAX processes on this host.
+
+    Raises:
+        ValueError: for a bad process count, or hosts other than this one (not yet started over ssh).
+    """
+    if np < 1:
+        raise ValueError(f"-np must be at least 1, got {np}.")
+    if hosts and any(h.rsplit(":", 1)[0] not in ("localhost", "127.0.0.1") for h in hosts.split(",")):
+        raise ValueError(f"the JAX engine starts processes on this machine only so far, and -H {hosts} names others; "
+                         "run on one host, or use the Horovod engine (KERAS_BACKEND=tensorflow) across hosts.")
+    return [python, "-m", "kfast.cluster.jax_processes", "-np", str(np), "--", *rank_command(recipe, recipe_args, python)]
 
 
 def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str, recipe_args: Sequence[str],
@@ -103,6 +143,9 @@ def add_launch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--time", default="24:00:00", help="with --print-sbatch: the job's time limit (default 24:00:00)")
     p.add_argument("--signal-lead", type=int, default=120, metavar="SECONDS",
                    help="with --print-sbatch: how long before the time limit Slurm sends USR1 (default 120)")
+    p.add_argument("--engine", choices=ENGINES,
+                   help="horovod (Keras on TensorFlow, through horovodrun) or jax (Keras's own distribution on JAX); "
+                        "default: jax when Keras's backend is JAX (KERAS_BACKEND or keras.json), else horovod")
     p.add_argument("--elastic", action="store_true",
                    help="keep training as ranks leave and join, between --min-np and --max-np (Horovod's elastic "
                         "driver; the recipe runs with --elastic)")
@@ -179,13 +222,14 @@ def run_launch(args: argparse.Namespace) -> int:
 
     from kfast import cluster
     from kfast.env import preflight
-    from kfast import recipes
     from kfast._core import tf_noise  # noqa: F401 - the launcher's output filter, loaded before TensorFlow
     from kfast.cluster import job
     from kfast.distributed import horovodrun_path
 
     try:
         if not args.recipe.endswith(".py"):
+            from kfast import recipes  # imports Keras: a script's launch needs none of it here
+
             recipes.get(args.recipe)
         if args.print_sbatch:
             print(cluster.batch_script(args.recipe, args.args, nodes=args.nodes,
@@ -197,6 +241,7 @@ def run_launch(args: argparse.Namespace) -> int:
         if np is None:
             raise ValueError("-np is missing: give it, or hosts with -H, --hostfile or a Slurm allocation "
                              "(-np then defaults to their slots).")
+        engine = engine_for(args.engine)
         horovodrun = horovodrun_path()
         elastic: dict[str, Any] | None = None
         if args.elastic:
@@ -207,7 +252,13 @@ def run_launch(args: argparse.Namespace) -> int:
                 elastic.update(discovery=_local_discovery(max(args.max_np or np, np)), interface="lo")
         elif args.min_np or args.max_np or args.host_discovery_script:
             raise ValueError("--min-np, --max-np and --host-discovery-script go with --elastic.")
-        cmd = launch_command(np, hosts, None, args.recipe, args.args, horovodrun=horovodrun, elastic=elastic)
+        if engine == "jax":
+            if args.elastic:
+                raise ValueError("--elastic needs the Horovod engine (Keras on TensorFlow); JAX's processes are fixed "
+                                 "for the whole job.")
+            cmd = jax_command(np, hosts, args.recipe, args.args)
+        else:
+            cmd = launch_command(np, hosts, None, args.recipe, args.args, horovodrun=horovodrun, elastic=elastic)
         names = preflight.host_names(hosts)
         in_slurm = cluster.in_allocation()
         stop_signals = _signal_numbers(args.stop_signal or (["SIGUSR1"] if in_slurm else []))
@@ -222,11 +273,11 @@ def run_launch(args: argparse.Namespace) -> int:
     print(" ".join(shlex.quote(c) for c in cmd), flush=True)
     if args.dry_run:
         return 0
-    if not os.path.exists(horovodrun):
+    if engine == "horovod" and not os.path.exists(horovodrun):
         print("kfast launch: horovodrun was not found; install Horovod with `bash scripts/install_horovod.sh` "
               "(see README).", file=sys.stderr)
         return 2
-    if not args.no_preflight and preflight.needed(names) and not _preflight(names, directory):
+    if engine == "horovod" and not args.no_preflight and preflight.needed(names) and not _preflight(names, directory):
         return 1
     requeue = os.environ.get("SLURM_JOB_ID") if in_slurm and not args.no_requeue else None
     # TensorFlow's start-up lines from every rank are dropped; warnings and errors pass.

@@ -81,7 +81,8 @@ def _wrap(original: Any, kind: str) -> Any:
         x: Any = bound.arguments.get("x")
         reading = getattr(x, "_keras_reading", None)
         if reading is not None:  # a FastLoader
-            sums = kind == "evaluate" and _sums_states(_callbacks(bound))
+            # On the JAX engine one step reads every process's part of a global batch, for all three calls.
+            sums = kind == "evaluate" and _sums_states(_callbacks(bound)) or topology.one_step_for_all()
             if x._sharded_by_hand() and topology.size() > 1 and not sums:
                 _warn_once(f"{kind}-given", f"{kind}() on a FastLoader over a ShardedDataset",
                            "pass the dataset itself to FastLoader, which reads the whole set in evaluate and predict.")

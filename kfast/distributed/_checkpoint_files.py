@@ -33,6 +33,7 @@ import zipfile
 from typing import TYPE_CHECKING
 from typing import Any
 
+from kfast.distributed import _jax
 from kfast.distributed._checkpoint_paths import MODEL_SUFFIX
 from kfast.distributed._checkpoint_paths import WEIGHTS_SUFFIX
 
@@ -113,15 +114,16 @@ def write(model: keras.Model, path: str | os.PathLike[str], state: dict[str, Any
     text = json.dumps({"version": STATE_VERSION, **state})
     unwrap_for_saving(model)  # the file names the wrapped optimizer: NOTE [ Files plain Keras opens ]
     try:
-        if name.endswith(WEIGHTS_SUFFIX):
-            model.save_weights(tmp)
-            with _h5py().File(tmp, "a") as f:
-                f.attrs[_STATE_ATTR] = text
-                if model.built:
-                    f.attrs[_BUILD_ATTR] = json.dumps(model.get_build_config())
-        else:
-            model.save(tmp)
-            _finish_archive(tmp, text)
+        with _jax.saving_alone():  # rank 0 saves alone, the other processes do not join a collective
+            if name.endswith(WEIGHTS_SUFFIX):
+                model.save_weights(tmp)
+                with _h5py().File(tmp, "a") as f:
+                    f.attrs[_STATE_ATTR] = text
+                    if model.built:
+                        f.attrs[_BUILD_ATTR] = json.dumps(model.get_build_config())
+            else:
+                model.save(tmp)
+                _finish_archive(tmp, text)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -1,4 +1,7 @@
-"""Horovod for kfast: its start-up and collectives. It imports only `kfast._core.topology` of kfast.
+"""Horovod for kfast: its start-up and collectives, and the engine each process runs on.
+
+It imports only `kfast._core.topology` and, on Keras's JAX backend, the JAX engine (`_jax`) of kfast:
+`init()` and the collectives below hand over to it there, so every caller keeps one set of lines.
 
 This is the only kfast module that imports Horovod. `init()` starts it and makes Horovod's topology the
 current one in `kfast._core.topology`, which owns rank and size: code that only needs those reads them
@@ -19,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kfast._core import topology
+from kfast.distributed import _jax
 
 _INSTALL_HINT = (
     "install Horovod built for your TensorFlow with `bash scripts/install_horovod.sh` "
@@ -111,10 +115,12 @@ class _Ring(_SingleProcess):
 _ALONE = _SingleProcess()
 
 
-def _collectives() -> _SingleProcess:
+def _collectives() -> Any:
     """The collectives for the job as it is now: an elastic job may shrink to one rank or grow from it, so
     this is asked each time, not cached."""
     _require_init()
+    if _jax.started() and topology.size() > 1:
+        return _jax.JaxCollectives()
     if _hvd is None or _hvd.size() == 1:
         return _ALONE
     return _Ring(_hvd)
@@ -153,23 +159,26 @@ def _keras_backend() -> str:
 
 
 def _backend_problem(backend: str) -> str:
-    return (f"kfast.distributed trains data-parallel with Horovod's TensorFlow collectives, so it needs Keras's "
-            f"TensorFlow backend, but this process runs Keras on {backend}. Set KERAS_BACKEND=tensorflow to scale "
-            "out (with kfast[cpu] or kfast[gpu] and Horovod installed, see README)")
+    return (f"kfast.distributed scales out with Horovod on Keras's TensorFlow backend or with Keras's own "
+            f"distribution on its JAX backend, but this process runs Keras on {backend}. Set KERAS_BACKEND=tensorflow "
+            "(with Horovod installed, see README) or KERAS_BACKEND=jax to scale out")
 
 
 def init() -> None:
-    """Starts Horovod and pins this process to the GPU of its local rank.
+    """Starts the job's engine: Horovod on TensorFlow (each process pinned to the GPU of its local rank), or
+    Keras's distribution on JAX (the processes joined, data parallel over every device).
 
     Call it at the top of the training script, before building the model: pinning only works before
     TensorFlow touches the GPUs. Calling it again is harmless. Without `horovodrun` (or without Horovod
-    installed, or with Keras on JAX or PyTorch, outside `horovodrun`) the process runs as rank 0 of 1,
-    with a warning that says why.
+    installed, or with Keras on PyTorch, outside `horovodrun`) the process runs as rank 0 of 1, with a
+    warning that says why. On JAX, a process not started by `kfast launch` (or `srun`) is rank 0 of 1,
+    still data-parallel over its own devices when it has several.
 
     Raises:
         ImportError: when launched by `horovodrun` but Horovod cannot be imported.
         RuntimeError: when launched by `horovodrun` with Keras on a backend other than TensorFlow, when
-            TensorFlow already initialised the GPUs, or when this host runs more processes than it has GPUs.
+            TensorFlow already initialised the GPUs, when this host runs more processes than it has GPUs, or
+            when JAX processes cannot join.
 
     Example:
 
@@ -184,6 +193,10 @@ def init() -> None:
     if _initialised:
         return
     backend = _keras_backend()
+    if backend == "jax" and not _launched_by_horovodrun():
+        _jax.init()
+        _initialised = True
+        return
     if backend != "tensorflow":
         if _launched_by_horovodrun():
             raise RuntimeError(_backend_problem(backend) + ".")
@@ -251,9 +264,10 @@ def _pin_gpu(local_rank: int, local_size: int) -> None:
 
 
 def _require_init() -> None:
-    if not _initialised and _launched_by_horovodrun():
+    if not _initialised and (_launched_by_horovodrun() or _jax.launched()):
+        launcher = "horovodrun" if _launched_by_horovodrun() else "kfast launch (or srun) as one of several processes"
         raise RuntimeError(
-            "This process was started by horovodrun but kfast.distributed.init() was not called; call it "
+            f"This process was started by {launcher} but kfast.distributed.init() was not called; call it "
             "at the top of the training script."
         )
 

@@ -24,6 +24,7 @@ from typing import Any
 from kfast._core import fit_timing
 from kfast.data.position import EpochOrder
 from kfast.distributed import _checkpoint_files as files
+from kfast._core import topology
 from kfast.distributed import _horovod
 from kfast.distributed._checkpoint_files import STATE_VERSION  # noqa: F401 - part of this module's API
 from kfast.distributed._checkpoint_files import NewerCheckpointError
@@ -122,9 +123,9 @@ def save_atomic(model: keras.Model, path: str | os.PathLike[str], *, position: P
 _Found = tuple[Position, dict[str, Any] | None, dict[str, Any], dict[str, Any] | None, str, dict[str, Any] | None]
 
 
-def _load_latest(model: keras.Model, checkpoint_dir: str) -> _Found | None:
+def _load_latest(model: keras.Model, checkpoint_dir: str, load: bool = True) -> _Found | None:
     """On rank 0: loads the newest readable checkpoint. Returns (position, build_config, training state,
-    best, path, data), or None when there is none."""
+    best, path, data), or None when there is none. With `load=False` it only picks the file."""
     found, errors = files.find(checkpoint_dir)
     for e in errors:
         warnings.warn(f"kfast skipped {e}; its place among the checkpoints is unknown.", stacklevel=3)
@@ -138,8 +139,9 @@ def _load_latest(model: keras.Model, checkpoint_dir: str) -> _Found | None:
             warnings.warn(f"kfast skipped {e}; resuming from the checkpoint before it instead.", stacklevel=3)
             continue
         position, best, training = files.split_state(state, name)
-        _build(model, build_config, path)
-        model.load_weights(path)
+        if load:
+            _build(model, build_config, path)
+            model.load_weights(path)
         # The best file describes the best model itself: after a fallback it may be newer than `path`.
         data = state.get("data") if isinstance(state.get("data"), dict) else None
         return position or Position(0), build_config, training, files.best_record(checkpoint_dir) or best, path, data
@@ -149,6 +151,18 @@ def _load_latest(model: keras.Model, checkpoint_dir: str) -> _Found | None:
             f"{', '.join(sorted(n for _, n in found))}); delete the broken files to start from scratch, or restore "
             "them from a backup.")
     return None
+
+
+def _load_on_every_process(model: keras.Model, path: str) -> None:
+    """Each JAX process loads rank 0's pick (NOTE [ Every JAX process loads the file ]); every process raises,
+    naming the ones that cannot read it, when the checkpoints are not on storage they all see."""
+    seen = _horovod.allgather_object(os.path.isfile(path))
+    if not all(seen):
+        missing = [rank for rank, ok in enumerate(seen) if not ok]
+        raise ValueError(f"restore() found {path} on rank 0, but process(es) {missing} cannot read it: on the JAX "
+                         "engine every process loads the checkpoint, so put the checkpoint directory on storage "
+                         "every host mounts at the same path.")
+    model.load_weights(path)
 
 
 def _build(model: keras.Model, build_config: dict[str, Any] | None, path: str | os.PathLike[str]) -> None:
@@ -228,9 +242,13 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loade
         model.optimizer.build(model.trainable_variables)
     found: _Found | None = None
     error: Exception | None = None
+    # NOTE [ Every JAX process loads the file ]: on the JAX engine a weight's assignment is a collective of
+    # every process (JAX checks that they all give the same value), so rank 0 cannot load alone; it picks
+    # the file, and each process loads it.
+    together = topology.one_step_for_all() and _horovod.size() > 1
     if _horovod.is_chief():
         try:
-            found = _load_latest(model, directory)
+            found = _load_latest(model, directory, load=not together)
         except Exception as e:  # noqa: BLE001 - re-raised on every rank below, so no rank waits forever
             error = e
     # Every rank learns of rank 0's failure, so none is left waiting in a collective.
@@ -245,7 +263,10 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loade
         return 0
     position, build_config, state, best, path, data = found
     _build(model, build_config, directory)
-    _horovod.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
+    if together:
+        _load_on_every_process(model, path)
+    else:
+        _horovod.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
     training_state(model).update(state)
     position, metrics, order = _data_position(position, data)
     taken = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from kfast._core import topology
 from kfast.distributed import _horovod
 
 
@@ -34,8 +35,8 @@ def sum_metric_states(model: keras.Model) -> None:
     >>> {k: float(v) for k, v in model.get_metrics_result().items()} == before
     True
     """
-    if _horovod.size() == 1:
-        return
+    if _horovod.size() == 1 or topology.one_step_for_all():
+        return  # one process's states; or the JAX engine's, the whole job's already (kfast/distributed/_jax.py)
     variables = [v for metric in model.metrics for v in metric.variables]
     if not variables:
         return

@@ -23,11 +23,13 @@ kfast is not installed, and a plain Keras file loads into a model compiled with 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import keras
 from keras import ops
 
+from kfast._core import topology
 from kfast._core.checks import check_int
 from kfast.distributed import _horovod
 
@@ -87,6 +89,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
 
     def build(self, var_list: list[Any]) -> None:
+        if topology.one_step_for_all():
+            # NOTE [ One step for the whole job ] (kfast/distributed/_jax.py): XLA averages inside the step.
+            if self.compression is not None:
+                warnings.warn(f"DistributedOptimizer(compression={self.compression!r}) does not apply on the JAX "
+                              "engine: XLA averages the gradients inside the compiled step, in their own dtype. "
+                              "Leave compression out (mixed precision halves the traffic there).", stacklevel=2)
+            if self.backward_passes_per_step > 1:
+                self._pass = self.add_variable((), initializer="zeros", dtype="int", name="backward_pass")
+                self._sums = [self.add_variable_from_reference(v, name="grad_sum") for v in var_list]
+            self.inner_optimizer.build(var_list)
+            super().build(var_list)
+            return
         # A preemption note rides along with the gradients (see kfast.distributed.preemption): this rank's
         # flag goes in, every rank's average comes out, so all ranks learn it from the same step's exchange.
         self._stop_flag = self.add_variable((), initializer="zeros", dtype="float32", name="stop_flag")
@@ -114,8 +128,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return self.inner_optimizer.iterations
 
     def _exchange(self, grads: list[Any]) -> list[Any]:
+        if topology.one_step_for_all():
+            return grads  # averaged over the global batch already (NOTE [ One step for the whole job ])
         dense = [None if g is None else ops.convert_to_tensor(g) for g in grads]
-        carries = hasattr(self, "_stop_flag")  # built (apply builds it first)
+        carries = hasattr(self, "_stop_flag")  # built (apply builds it first), and not on the JAX engine
         if carries:
             dense.append(ops.convert_to_tensor(self._stop_flag))
         if self.compression == "fp16":

@@ -18,7 +18,8 @@ from kfast.env.horovod_build import _dist_version
 from kfast.env.horovod_build import horovod_build
 
 
-# What kfast offers on every Keras backend; kfast.distributed needs TensorFlow's (Horovod's TensorFlow collectives).
+# What kfast offers on every Keras backend; kfast.distributed needs TensorFlow's (Horovod's TensorFlow collectives)
+# or JAX's (Keras's own distribution).
 EVERY_BACKEND = ("FastLoader", "ArrayDataset", "diagnose", "tune", "AutoTune", "ThroughputMonitor", "GPUMonitor")
 _FRAMEWORKS = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
 _GPU_BUILDS = {
@@ -79,18 +80,20 @@ def _backend_gpus(backend: str) -> int | None:
 
 def _check_backend(report: dict[str, Any], backend: str, tf_version: str | None) -> None:
     """Records what kfast can do on Keras's backend, and the GPUs a JAX or PyTorch backend sees."""
-    distributed = backend == "tensorflow" and tf_version is not None
+    distributed = backend == "tensorflow" and tf_version is not None or backend == "jax"
     report["keras"]["works"] = list(EVERY_BACKEND) + (["kfast.distributed"] if distributed else [])
     report["keras"]["gpus"] = None
     if backend in (None, "tensorflow"):
         return
     report["keras"]["gpus"] = _backend_gpus(backend)
+    if backend == "jax":
+        return  # kfast.distributed's JAX engine: Keras's own distribution (kfast/distributed/_jax.py)
     _problem(report, "warning",
              f"Keras runs on {_FRAMEWORKS.get(backend, backend)}: kfast's loaders, diagnose, tune and monitors work "
-             "here, but kfast.distributed (Horovod data-parallel) needs Keras's TensorFlow backend"
+             "here, but kfast.distributed needs Keras's TensorFlow backend (Horovod) or its JAX backend"
              + ("" if tf_version else ", and keras.callbacks.TensorBoard needs TensorFlow installed") + ".",
-             "to train on several processes, set KERAS_BACKEND=tensorflow, with kfast[cpu] or kfast[gpu] and "
-             "Horovod (bash scripts/install_horovod.sh) installed")
+             "to train on several processes, set KERAS_BACKEND=jax, or KERAS_BACKEND=tensorflow with kfast[cpu] or "
+             "kfast[gpu] and Horovod (bash scripts/install_horovod.sh) installed")
 
 
 def _check_tensorboard(report: dict[str, Any], tf_version: str | None, backend: str | None = "tensorflow") -> None:
@@ -229,7 +232,7 @@ def format_report(report: dict[str, Any]) -> str:
             ("tensorboard", _or(report["tensorboard"]["version"]))]
     if keras.get("works"):
         rows.insert(3, ("works here", ", ".join(keras["works"]) + (
-            "" if "kfast.distributed" in keras["works"] else "; not kfast.distributed (needs Keras on TensorFlow)")))
+            "" if "kfast.distributed" in keras["works"] else "; not kfast.distributed (needs Keras on TensorFlow or JAX)")))
     if hvd["installed"]:
         built = [name for name in ("gloo", "mpi", "nccl", "cuda") if hvd[name]]
         match = {True: "matches", False: "MISMATCH", None: "unknown"}[hvd["tensorflow_matches"]]

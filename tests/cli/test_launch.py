@@ -98,3 +98,26 @@ def test_readme_recipe_launch_lines_give_the_commands_they_promise(tmp_path):
             horovodrun = proc.stdout.splitlines()[-1].split()
             np_, rest = words[words.index("-np") + 1], words[words.index("image-classification"):]
             assert horovodrun[1:3] == ["-np", np_] and horovodrun[-len(rest):] == rest, proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_keras_on_jax_launches_jax_processes_on_this_machine(tmp_path):
+    starter = [PY, "-m", "kfast.cluster.jax_processes", "-np", "2", "--", PY, "train.py", "--lr", "0.1"]
+    for how in ({"KERAS_BACKEND": "jax"}, {"KERAS_HOME": str(tmp_path)}):  # the variable, or Keras's config file
+        (tmp_path / "keras.json").write_text('{"backend": "jax"}')
+        proc = launch("--dry-run", "-np", "2", "train.py", "--lr", "0.1", cwd=tmp_path,
+                      env={"KERAS_BACKEND": "", **how})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == starter
+    proc = launch("--dry-run", "--engine", "jax", "-np", "2", "-H", "localhost:2", "train.py", "--lr", "0.1",
+                  cwd=tmp_path)
+    assert proc.stdout.split() == starter
+    # Horovod stays the engine of Keras on TensorFlow; what the JAX engine cannot do yet is said.
+    proc = launch("--dry-run", "--engine", "horovod", "-np", "2", "train.py", cwd=tmp_path, env={"KERAS_BACKEND": "jax"})
+    assert proc.stdout.split()[1:4] == ["-np", "2", "-H"]
+    proc = launch("--dry-run", "--engine", "jax", "-H", "a:2,b:2", "train.py", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert ("kfast launch: the JAX engine starts processes on this machine only so far, and -H a:2,b:2 names others; "
+            "run on one host, or use the Horovod engine (KERAS_BACKEND=tensorflow) across hosts.") in proc.stderr
+    proc = launch("--dry-run", "--engine", "jax", "--elastic", "-np", "2", "train.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "--elastic needs the Horovod engine" in proc.stderr

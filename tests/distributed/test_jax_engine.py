@@ -1,0 +1,175 @@
+"""kfast.distributed on Keras's JAX backend: Keras's own distribution over virtual CPU devices and JAX processes.
+
+Runs in .venv-jax (no TensorFlow), under `make test-backends`; tests/conftest.py collects it only there. Every
+job is tests/distributed/jax_job.py, in a fresh process whose device count XLA_FLAGS sets.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = os.path.join(HERE, "jax_job.py")
+KFAST = os.path.join(os.path.dirname(sys.executable), "kfast")
+RESUMABLE = 75
+
+
+def _env(devices):
+    env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")])))
+    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                 "KERAS_DISTRIBUTION_PROCESS_ID"):
+        env.pop(name, None)
+    return env
+
+
+def _run(directory, *args, devices=1, processes=1, expect=0):
+    os.makedirs(directory, exist_ok=True)
+    if processes == 1:
+        cmd = [sys.executable, JOB, str(directory), *args]
+    else:
+        cmd = [KFAST, "launch", "-np", str(processes), JOB, str(directory), *args]
+    proc = subprocess.run(cmd, env=_env(devices), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def _weights(directory, rank=0):
+    return np.load(os.path.join(directory, f"weights-{rank}.npy"))
+
+
+def _facts(directory, rank=0):
+    with open(os.path.join(directory, f"facts-{rank}.json")) as f:
+        return json.load(f)
+
+
+def _steps(directory, rank):
+    with open(os.path.join(directory, f"log-{rank}.txt")) as f:
+        return [line.split() for line in f.read().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    """The reference: one process, one device, batches of 16, the rate two processes of 8 reach (0.02 x 2)."""
+    directory = tmp_path_factory.mktemp("one-device")
+    _run(directory, "--batch", "16", "--lr", "0.04", "--warmup-epochs", "0")
+    return directory
+
+
+def test_one_process_with_eight_devices_trains_data_parallel_as_one_device_does(tmp_path, one_device):
+    _run(tmp_path, "--batch", "16", "--lr", "0.04", "--warmup-epochs", "0", devices=8)
+    facts = _facts(tmp_path)
+    assert (facts["size"], facts["devices"], facts["mesh"]) == (1, 8, {"batch": 8})
+    assert facts["kernel_spec"] == [None, None]  # replicated: each device holds the whole kernel
+    np.testing.assert_allclose(_weights(tmp_path), _weights(one_device), atol=1e-5)
+
+
+def test_model_parallel_over_a_2x4_mesh_splits_the_kernel_and_checkpoints_the_whole_model(tmp_path, one_device):
+    import keras
+
+    _run(tmp_path, "--batch", "16", "--lr", "0.04", "--warmup-epochs", "0", "--model-parallel", devices=8)
+    facts = _facts(tmp_path)
+    assert facts["mesh"] == {"data": 2, "model": 4} and facts["devices"] == 8
+    assert facts["kernel_spec"] == [None, "model"]  # the hidden kernel's 16 columns, 4 on each model shard
+    np.testing.assert_allclose(_weights(tmp_path), _weights(one_device), atol=1e-5)
+    # The last step checkpoint is the whole trained model, in a file plain Keras opens on one device.
+    last = keras.saving.load_model(tmp_path / "checkpoints" / "epoch-0002-batch-0006.keras", compile=False)
+    assert [tuple(w.shape) for w in last.get_weights()] == [(6, 16), (16,), (16, 1), (1,)]
+    np.testing.assert_array_equal(np.concatenate([w.ravel() for w in last.get_weights()]), _weights(tmp_path))
+
+
+def test_two_processes_through_kfast_launch_train_as_one_process_with_four_devices(tmp_path, one_device):
+    four = tmp_path / "four"
+    _run(four, "--batch", "16", "--lr", "0.04", "--warmup-epochs", "0", devices=4)
+    two = tmp_path / "two"
+    out = _run(two, "--batch", "8", "--warmup-epochs", "0", devices=2, processes=2)
+    assert "kfast.cluster.jax_processes -np 2" in out.stdout
+    assert [_facts(two, r)["size"] for r in (0, 1)] == [2, 2] and _facts(two)["devices"] == 4
+    np.testing.assert_array_equal(_weights(two, 0), _weights(two, 1))  # one global array: identical copies
+    np.testing.assert_allclose(_weights(two), _weights(four), atol=1e-5)  # 2 processes x 8 == 1 x 16
+    np.testing.assert_allclose(_weights(four), _weights(one_device), atol=1e-5)
+    # Only process 0 writes checkpoints (an audit hook in each process saw its own writes).
+    assert (two / "writes-0.txt").read_text() and not (two / "writes-1.txt").read_text()
+    assert "epoch-0002-batch-0006.keras" in os.listdir(two / "checkpoints")
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigterm_to_one_process_stops_every_process_after_the_same_step_and_the_resume_matches(tmp_path, processes):
+    shape = ["--batch", str(16 // processes), "--shuffle", "--epochs", "3"]
+    devices = 2 if processes == 2 else 1
+    whole = tmp_path / "whole"
+    _run(whole, *shape, devices=devices, processes=processes)
+    cut = tmp_path / "cut"
+    out = _run(cut, *shape, "--signal-at", "7", "--signal-rank", str(processes - 1), devices=devices,
+               processes=processes, expect=RESUMABLE)
+    assert "the checkpoint is " + str(cut / "checkpoints" / "epoch-0002-batch-0002.keras") in out.stdout + out.stderr
+    assert [len(_steps(cut, r)) for r in range(processes)] == [8] * processes  # the same step on every process
+    _run(cut, *shape, "--resume", devices=devices, processes=processes)
+    for r in range(processes):
+        assert len(_steps(cut, r)) == len(_steps(whole, r)) == 18  # no batch trained twice, none left out
+        np.testing.assert_array_equal(_weights(cut, r), _weights(whole, r))
+        assert [s[2] for s in _steps(cut, r)] == [s[2] for s in _steps(whole, r)]  # the warm-up's rates too
+
+
+MY_PROJECT = '''
+import keras
+import numpy as np
+
+
+def build_model():
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+
+
+class MyDataset(keras.utils.PyDataset):
+    def __init__(self, split):
+        super().__init__()
+        rng = np.random.default_rng(0 if split == "train" else 1)
+        self.x = rng.normal(size=(64, 6)).astype("float32")
+        self.y = (self.x[:, 0] > 0).astype("int32") + (self.x[:, 1] > 1).astype("int32")
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return self.x[8 * i:8 * i + 8], self.y[8 * i:8 * i + 8]
+'''
+
+REPORT = '''
+import json
+print("REPORT " + json.dumps({"rank": kfast.distributed.rank(), "size": kfast.distributed.size(),
+                              "initial_epoch": initial_epoch, "val_loss": model.history.history.get("val_loss"),
+                              "weights": [float(abs(w).sum()) for w in model.get_weights()]}), flush=True)
+'''
+
+
+def _reports(out):
+    return sorted((json.loads(line.split("REPORT ", 1)[1]) for line in out.splitlines() if "REPORT " in line),
+                  key=lambda r: r["rank"])
+
+
+def test_the_guides_script_trains_on_two_processes_and_resumes(tmp_path):
+    from helpers import doc_snippet
+
+    snippet = doc_snippet("Scale out on JAX: Keras's own distribution")
+    assert "kfast.distributed.init()" in snippet and "default_callbacks(\"ckpt\", loader=train)" in snippet
+    (tmp_path / "my_project.py").write_text(MY_PROJECT)
+    (tmp_path / "train.py").write_text(snippet + REPORT)
+    env = dict(_env(2), PYTHONPATH=os.pathsep.join([str(tmp_path), _env(2)["PYTHONPATH"]]))
+    cmd = [KFAST, "launch", "-np", "2", "train.py"]
+    first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    reports = _reports(first.stdout)
+    assert [(r["rank"], r["size"], r["initial_epoch"]) for r in reports] == [(0, 2, 0), (1, 2, 0)]
+    assert reports[0]["weights"] == reports[1]["weights"] and reports[0]["val_loss"] == reports[1]["val_loss"]
+    assert len(reports[0]["val_loss"]) == 10
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["best.keras", "epoch-0008.keras", "epoch-0009.keras",
+                                                     "epoch-0010.keras"]
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    resumed = _reports(again.stdout)
+    assert [r["initial_epoch"] for r in resumed] == [10, 10]
+    assert resumed[0]["weights"] == reports[0]["weights"]  # the checkpoint's weights, nothing trained after
