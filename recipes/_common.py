@@ -11,6 +11,7 @@ import keras
 import numpy as np
 
 from kfast import distributed
+from kfast._core import topology
 from kfast._core.cpus import usable_cpus
 
 
@@ -116,6 +117,9 @@ def split_rows(n: int, args: argparse.Namespace, *, fraction: float = 1 / 8,
         raise ValueError(f"{n} samples are too few to split into training and validation with --batch-size "
                          f"{args.batch_size} on {ranks} rank(s): each part needs at least {per_step} (a batch per "
                          f"rank). Add data, or pass a smaller --batch-size.")
+    if topology.one_step_for_all():
+        # JAX's processes evaluate each step together: every process needs the same number of full batches.
+        n_val -= n_val % per_step
     order = np.random.default_rng(args.seed).permutation(n)
     return order[n_val:], order[:n_val]
 
@@ -150,12 +154,13 @@ def loader_for(dataset, args, *, shuffle=True, like=None):
 
 
 def assemble(model, train, val, args, monitor="val_loss"):
-    """Compiles a classifier (integer labels, logits out) for Horovod and wraps its data in FastLoaders."""
+    """Compiles a classifier (integer labels, logits out) for either engine and wraps its data in FastLoaders."""
     from kfast.distributed.optimizer import DistributedOptimizer
 
     optimizer = DistributedOptimizer(keras.optimizers.Adam(args.lr))
+    # Horovod's collectives cannot run inside XLA; on JAX the whole step is XLA's.
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
-                  jit_compile=False)
+                  jit_compile=False if keras.backend.backend() == "tensorflow" else "auto")
     train_loader = loader_for(train, args)
     val_loader = loader_for(val, args, shuffle=False, like=train_loader)
     # An elastic job builds its loaders anew at each change: its monitor counts from the batch size instead.
@@ -211,7 +216,9 @@ def run(name, argv=None):
         print(f"wrote a sample dataset to {path}; train on it with: kfast train {name} --data {path}")
         return None
     distributed.init()
-    keras.utils.set_random_seed(args.seed + distributed.rank())
+    # Horovod's ranks draw apart (rank 0's weights are broadcast); JAX's processes make one model, whose every
+    # value JAX checks is the same on each, so they draw alike.
+    keras.utils.set_random_seed(args.seed + (0 if topology.one_step_for_all() else distributed.rank()))
     recipe = module.build(args)
     try:
         if distributed.is_chief():

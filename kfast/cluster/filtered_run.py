@@ -35,7 +35,7 @@ _SAME_ARRIVAL_S = 0.25
 _PASS_ON_AFTER_S = 1.0
 
 
-class _Arrivals:
+class Arrivals:
     """Tells a second call for the same signal within `_SAME_ARRIVAL_S` from a new arrival."""
 
     def __init__(self) -> None:
@@ -76,7 +76,7 @@ def run(cmd: Sequence[str], cwd: str | None = None, stop_grace_s: float = 30,
                                name="kfast-stderr", daemon=True)
     forward.start()
     own = dict(handlers or {})
-    arrivals = _Arrivals()
+    arrivals = Arrivals()
     passed_on: list[float] = []  # when the first signal to pass on arrived: the grace period starts then
     timers: list[threading.Timer] = []
 

@@ -27,6 +27,8 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
+from kfast._core import signal_handling
+from kfast.cluster import filtered_run
 from kfast.distributed import _jax
 
 # A resumable stop writes rank 0's checkpoint first: the others wait at its barrier and leave right after.
@@ -79,15 +81,16 @@ def run(np: int, cmd: Sequence[str], grace_s: float = _PEERS_GRACE_S) -> int:
               for i, p in enumerate(procs) for stream, sink in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer))]
     for thread in copies:
         thread.start()
-    received: list[int] = []
+    arrivals = filtered_run.Arrivals()
 
-    def forward(signum: int, frame: object) -> None:
-        received.append(signum)
+    def forward(signum: int) -> None:
+        if not arrivals.new(signum):
+            return  # the signal owner tells of one arrival twice
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
+    taken = signal_handling.catch(_FORWARDED, forward)
     first: tuple[int, int] | None = None  # (process id, status) of the first to fail
     failed_at = 0.0
     try:
@@ -105,8 +108,8 @@ def run(np: int, cmd: Sequence[str], grace_s: float = _PEERS_GRACE_S) -> int:
                         p.terminate()
             time.sleep(0.1)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        if taken is not None:
+            taken.release()
         for p in procs:  # an exception here (a Ctrl-C between the checks) leaves no process behind
             if p.poll() is None:
                 p.kill()

@@ -69,6 +69,17 @@ def _summed_evaluate(original: Any, model: Any, bound: inspect.BoundArguments) -
     return logs if return_dict else model._flatten_metrics_in_order(logs)
 
 
+def _check_even(kind: str, batches: int, batch_size: Any) -> None:
+    """On the JAX engine each step is one program over every process: a process with one batch more than the
+    others would wait for them for ever, so an uneven split is an error, on every process alike."""
+    size = topology.size()
+    if batches % size:
+        samples = f"; with batches of {batch_size}, a multiple of {batch_size * size} samples" if batch_size else ""
+        raise ValueError(f"{kind}() on the JAX engine reads a FastLoader of {batches} batches over {size} processes, "
+                         f"and each step is one program over all of them, so every process needs the same number of "
+                         f"batches, all full: give it a multiple of {size} batches{samples} (the last batch full).")
+
+
 def _wrap(original: Any, kind: str) -> Any:
     signature = inspect.signature(original)
 
@@ -83,6 +94,8 @@ def _wrap(original: Any, kind: str) -> Any:
         if reading is not None:  # a FastLoader
             # On the JAX engine one step reads every process's part of a global batch, for all three calls.
             sums = kind == "evaluate" and _sums_states(_callbacks(bound)) or topology.one_step_for_all()
+            if topology.one_step_for_all() and topology.size() > 1:
+                _check_even(kind, len(x.dataset), getattr(x.dataset, "batch_size", None))
             if x._sharded_by_hand() and topology.size() > 1 and not sums:
                 _warn_once(f"{kind}-given", f"{kind}() on a FastLoader over a ShardedDataset",
                            "pass the dataset itself to FastLoader, which reads the whole set in evaluate and predict.")

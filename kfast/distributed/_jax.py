@@ -194,12 +194,7 @@ class JaxCollectives:
         return out
 
     def broadcast_variables(self, variables: Iterable[Any], root_rank: int) -> None:
-        import numpy as np
-
-        # Only variables every process holds whole: a variable sharded over processes is one global array
-        # already, with nothing to differ.
-        whole = [v for v in variables if getattr(v.value, "is_fully_replicated", True)]
-        values = self.broadcast_object([np.asarray(v.value.addressable_data(0)) if hasattr(v.value, "addressable_data")
-                                        else np.asarray(v.value) for v in whole], root_rank)
-        for v, value in zip(whole, values):
-            v.assign(value)
+        # Nothing to send: a variable is one global array, and JAX places every value given to it (a
+        # variable's creation, an assignment, a loaded checkpoint) only after checking that each process gave
+        # the same; the steps that change it run the same program on every process.
+        return None
