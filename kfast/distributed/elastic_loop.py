@@ -6,6 +6,7 @@ from typing import Any
 
 import keras
 
+from kfast._core import topology
 from kfast._core.checks import check_int
 from kfast.data.loader import FastLoader
 from kfast.data.sharding import ShardedDataset
@@ -80,6 +81,9 @@ def elastic_fit(model: keras.Model, dataset: Any, *, epochs: int, validation_dat
     Returns:
         The `ElasticState`: `epoch`, and `resets`, one entry per membership change.
 
+    Raises:
+        RuntimeError: on the JAX engine with several processes, whose membership is fixed.
+
     Example:
 
     >>> import keras, numpy as np, kfast
@@ -91,6 +95,10 @@ def elastic_fit(model: keras.Model, dataset: Any, *, epochs: int, validation_dat
     >>> state.epoch, state.resets
     (2, [])
     """
+    if topology.one_step_for_all() and topology.size() > 1:
+        raise RuntimeError("elastic_fit() needs the Horovod engine (Keras on TensorFlow): JAX's processes are fixed "
+                           "for the whole job. On JAX, train with model.fit and default_callbacks(dir), whose step "
+                           "checkpoints and preemption stop let a job be restarted on other machines.")
     check_int("elastic_fit", "epochs", epochs)
     check_int("elastic_fit", "commit_every", commit_every, hint="steps between in-memory commits")
     callbacks = list(callbacks or [])

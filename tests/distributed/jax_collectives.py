@@ -26,4 +26,8 @@ try:
     model.evaluate(uneven, verbose=0)
 except ValueError as e:
     report["uneven"] = str(e)
+try:
+    kfast.distributed.elastic_fit(model, kfast.data.ArrayDataset(np.ones((32, 2)), np.ones(32), batch_size=8), epochs=1)
+except RuntimeError as e:
+    report["elastic"] = str(e)
 print("REPORT " + json.dumps(report), flush=True)

@@ -69,6 +69,7 @@ def test_the_collectives_carry_objects_and_exact_float64_between_processes(tmp_p
                                "each step is one program over all of them, so every process needs the same number of "
                                "batches, all full: give it a multiple of 2 batches; with batches of 8, a multiple of "
                                "16 samples (the last batch full).")
+        assert r["elastic"].startswith("elastic_fit() needs the Horovod engine (Keras on TensorFlow)")
 
 
 @pytest.fixture(scope="module")
