@@ -48,9 +48,12 @@ def jax_command(np: int, hosts: str | None, recipe: str, recipe_args: Sequence[s
     Raises:
         ValueError: for a bad process count, or hosts other than this one (not yet started over ssh).
     """
+    import socket
+
     if np < 1:
         raise ValueError(f"-np must be at least 1, got {np}.")
-    if hosts and any(h.rsplit(":", 1)[0] not in ("localhost", "127.0.0.1") for h in hosts.split(",")):
+    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
+    if hosts and any(h.rsplit(":", 1)[0] not in here for h in hosts.split(",")):
         raise ValueError(f"the JAX engine starts processes on this machine only so far, and -H {hosts} names others; "
                          "run on one host, or use the Horovod engine (KERAS_BACKEND=tensorflow) across hosts.")
     return [python, "-m", "kfast.cluster.jax_processes", "-np", str(np), "--", *rank_command(recipe, recipe_args, python)]

@@ -85,6 +85,11 @@ def _wrap(original: Any, kind: str) -> Any:
 
     @functools.wraps(original)
     def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+        if kind == "predict" and topology.one_step_for_all() and topology.size() > 1:
+            raise ValueError(
+                f"predict() over {topology.size()} JAX processes is not supported: Keras on JAX cannot fetch outputs "
+                "held by other processes' devices. Predict in a process of its own, with the model loaded from "
+                "the checkpoint (keras.saving.load_model), or compute what you need inside evaluate's metrics.")
         try:
             bound = signature.bind(model, *args, **kwargs)
         except TypeError:

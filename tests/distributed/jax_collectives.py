@@ -27,6 +27,10 @@ try:
 except ValueError as e:
     report["uneven"] = str(e)
 try:
+    model.predict(np.ones((16, 2), "float32"), verbose=0)
+except ValueError as e:
+    report["predict"] = str(e)
+try:
     kfast.distributed.elastic_fit(model, kfast.data.ArrayDataset(np.ones((32, 2)), np.ones(32), batch_size=8), epochs=1)
 except RuntimeError as e:
     report["elastic"] = str(e)
