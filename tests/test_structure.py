@@ -172,10 +172,11 @@ def test_no_import_cycle_among_kfast_modules():
     for m in sorted(graph):
         if m not in state:
             visit(m)
-    # The ground floor: the topology imports nothing of kfast; the JAX engine only the topology, Horovod's module
-    # the topology and the JAX engine (it hands over to it on Keras's JAX backend).
+    # The ground floor: the topology imports nothing of kfast; the JAX engine only the topology and Slurm's count
+    # lists, Horovod's module the topology and the JAX engine (it hands over to it on Keras's JAX backend).
     assert graph["kfast._core.topology"] == set()
-    assert graph["kfast.distributed._jax"] == {"kfast._core", "kfast._core.topology"}
+    assert graph["kfast.distributed._jax"] == {"kfast._core", "kfast._core.topology", "kfast.cluster",
+                                               "kfast.cluster.nodelist"}
     assert graph["kfast.distributed._horovod"] == {"kfast._core", "kfast._core.topology", "kfast.distributed._jax"}
 
 

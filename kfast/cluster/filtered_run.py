@@ -50,6 +50,17 @@ class Arrivals:
             return last is None or now - last > _SAME_ARRIVAL_S
 
 
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: 128+N for a child ended by signal N (Popen's -N).
+
+    Example:
+
+    >>> exit_status(-15), exit_status(75)
+    (143, 75)
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def run(cmd: Sequence[str], cwd: str | None = None, stop_grace_s: float = 30,
         watch: Callable[[bytes], None] | None = None,
         handlers: Mapping[int, Callable[[int], None]] | None = None) -> int:
@@ -111,4 +122,4 @@ def run(cmd: Sequence[str], cwd: str | None = None, stop_grace_s: float = 30,
         for timer in timers:
             timer.cancel()
     forward.join(timeout=5)
-    return 128 - code if code < 0 else code
+    return exit_status(code)

@@ -98,7 +98,7 @@ def run(np: int, cmd: Sequence[str], grace_s: float = _PEERS_GRACE_S) -> int:
             for i, p in enumerate(procs):
                 code = p.poll()
                 if first is None and code not in (None, 0):
-                    first, failed_at = (i, 128 - code if code < 0 else code), time.monotonic()
+                    first, failed_at = (i, filtered_run.exit_status(code)), time.monotonic()
             if first is not None:
                 waited = time.monotonic() - failed_at
                 for p in procs:
@@ -117,11 +117,11 @@ def run(np: int, cmd: Sequence[str], grace_s: float = _PEERS_GRACE_S) -> int:
     for thread in copies:
         thread.join(timeout=5)  # the last lines of every process before the verdict
     if first is None:
-        codes = [p.returncode for p in procs]
-        bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+        # A failure in the last moments, after the loop's final look.
+        bad = [(i, filtered_run.exit_status(p.returncode)) for i, p in enumerate(procs) if p.returncode != 0]
         if not bad:
             return 0
-        first = (bad[0][0], 128 - bad[0][1] if bad[0][1] < 0 else bad[0][1])
+        first = bad[0]
     process_id, status = first
     print(f"kfast: JAX process {process_id} of {np} ended first, with status {status}.\nExit code: {status}",
           file=sys.stderr, flush=True)

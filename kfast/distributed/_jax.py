@@ -3,7 +3,8 @@
 `kfast.distributed.init()` comes here when Keras runs on JAX. It joins the job's processes
 (`jax.distributed.initialize`, through `keras.distribution.initialize`, which also gives every process one
 random seed), sets a `keras.distribution.DataParallel` over every process's devices, and makes this engine's
-topology the current one. It imports only `kfast._core.topology` of kfast.
+topology the current one. It imports only `kfast._core.topology` of kfast, and under Slurm the reader of Slurm's
+count lists (`kfast.cluster.nodelist`).
 
 NOTE [ One step for the whole job ]
 Under Horovod each rank runs its own step on its own batch, and kfast averages the gradients and sums the
@@ -77,8 +78,13 @@ class JaxTopology:
     def local_size(self) -> int:
         if LOCAL_SIZE_VAR in os.environ:
             return _env_int((LOCAL_SIZE_VAR,), 1)
-        tasks = os.environ.get("SLURM_TASKS_PER_NODE", "")  # "2(x3)" or "2,1": this node's count comes first
-        return int(tasks.split("(")[0].split(",")[0]) if tasks[:1].isdigit() else 1
+        # Under srun: the step's tasks on each node ("2(x3),1"), this node's by its index in the step.
+        tasks = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+        if not tasks:
+            return 1
+        from kfast.cluster.nodelist import expand_counts  # Slurm's count lists, read where kfast reads them all
+
+        return expand_counts(tasks)[_env_int(("SLURM_NODEID",), 0)]
 
 
 def init() -> None:

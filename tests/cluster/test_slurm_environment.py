@@ -131,3 +131,16 @@ def test_the_slurm_guide_shows_what_kfast_prints():
     found = cluster.allocation(_job(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu[01-04,07]", SLURM_NTASKS="18",
                                     SLURM_TASKS_PER_NODE="4(x4),2"))
     assert line == f"kfast launch: {found.source}: {found.host_list} ({found.np} slot(s))"
+
+
+@pytest.mark.parametrize("node, expected", [(0, 2), (1, 2), (2, 1)])
+def test_a_jax_process_under_srun_counts_the_tasks_of_its_own_node(monkeypatch, node, expected):
+    from kfast.distributed._jax import JaxTopology
+
+    for name in ("KFAST_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2),1")
+    monkeypatch.setenv("SLURM_NODEID", str(node))
+    assert JaxTopology().local_size() == expected
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "3,3,3")  # the step's own count wins over the job's
+    assert JaxTopology().local_size() == 3
