@@ -42,21 +42,22 @@ def engine_for(engine: str | None) -> str:
 
 
 def jax_command(np: int, hosts: str | None, recipe: str, recipe_args: Sequence[str],
-                python: str = sys.executable) -> list[str]:
-    """The command `kfast launch` runs on the JAX engine: kfast's starter of `np` JAX processes on this host.
+                python: str = sys.executable, directory: str | None = None) -> list[str]:
+    """The command `kfast launch` runs on the JAX engine: kfast's starter of `np` JAX processes, on this host or
+    on the hosts of `hosts` (`host:slots,...`; over ssh, each running in `directory`).
 
     Raises:
-        ValueError: for a bad process count, or hosts other than this one (not yet started over ssh).
+        ValueError: for a bad process count or host list, with the expected form.
     """
-    import socket
+    from kfast.cluster import jax_hosts
 
     if np < 1:
         raise ValueError(f"-np must be at least 1, got {np}.")
-    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
-    if hosts and any(h.rsplit(":", 1)[0] not in here for h in hosts.split(",")):
-        raise ValueError(f"the JAX engine starts processes on this machine only so far, and -H {hosts} names others; "
-                         "run on one host, or use the Horovod engine (KERAS_BACKEND=tensorflow) across hosts.")
-    return [python, "-m", "kfast.cluster.jax_processes", "-np", str(np), "--", *rank_command(recipe, recipe_args, python)]
+    cmd = [python, "-m", "kfast.cluster.jax_processes", "-np", str(np)]
+    if hosts is not None:
+        jax_hosts.groups(np, hosts)  # its errors, before anything starts
+        cmd += ["-H", hosts] + (["--chdir", directory] if directory else [])
+    return cmd + ["--", *rank_command(recipe, recipe_args, python)]
 
 
 def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str, recipe_args: Sequence[str],
@@ -234,17 +235,17 @@ def run_launch(args: argparse.Namespace) -> int:
             from kfast import recipes  # imports Keras: a script's launch needs none of it here
 
             recipes.get(args.recipe)
+        engine = engine_for(args.engine)
         if args.print_sbatch:
             print(cluster.batch_script(args.recipe, args.args, nodes=args.nodes,
                                        ntasks_per_node=args.ntasks_per_node, gpus_per_node=args.gpus_per_node,
-                                       time=args.time, signal_lead=args.signal_lead), end="")
+                                       time=args.time, signal_lead=args.signal_lead, engine=engine), end="")
             return 0
         hosts, slots = _hosts(args)
         np = args.np if args.np is not None else slots
         if np is None:
             raise ValueError("-np is missing: give it, or hosts with -H, --hostfile or a Slurm allocation "
                              "(-np then defaults to their slots).")
-        engine = engine_for(args.engine)
         horovodrun = horovodrun_path()
         elastic: dict[str, Any] | None = None
         if args.elastic:
@@ -259,7 +260,8 @@ def run_launch(args: argparse.Namespace) -> int:
             if args.elastic:
                 raise ValueError("--elastic needs the Horovod engine (Keras on TensorFlow); JAX's processes are fixed "
                                  "for the whole job.")
-            cmd = jax_command(np, hosts, args.recipe, args.args)
+            cmd = jax_command(np, hosts, args.recipe, args.args,
+                              directory=os.path.abspath(args.chdir or os.getcwd()))
         else:
             cmd = launch_command(np, hosts, None, args.recipe, args.args, horovodrun=horovodrun, elastic=elastic)
         names = preflight.host_names(hosts)

@@ -2,16 +2,18 @@
 
 `python -m kfast.cluster.jax_processes -np N -- python train.py ...` runs N copies of the command, each told
 the job by Keras's variables (the coordinator's address, the process count, its id) and kfast's (its local
-rank and the local count), with `KERAS_BACKEND=jax`. `kfast launch` runs it in horovodrun's place, so the
-job's signal and status rules are the same for both engines (`kfast.cluster.job`):
+rank and the local count), with `KERAS_BACKEND=jax`. With `-H host1:2,host2:2` it starts the processes on those
+hosts instead (`kfast.cluster.jax_hosts`: one of these starters per host, over ssh). `kfast launch` runs it in
+horovodrun's place, so the job's signal and status rules are the same for both engines (`kfast.cluster.job`,
+and `kfast.cluster.process_group` for stop signals, failures and the status):
 
-- SIGINT, SIGTERM and SIGHUP reach every process (their preemption handler stops them all after the same step).
-- When a process fails, the others get `_PEERS_GRACE_S` to end on their own (a preemption ends every process
-  with 75 within moments of each other), then SIGTERM, then SIGKILL: a dead process never leaves the rest
-  waiting in a collective for ever.
 - Each line a process prints comes out whole, after its process id (`[1] ...`), as horovodrun's `[1,0]<stdout>:`.
 - It exits with the first failed process's status (75 for a resumable stop) and says which, in horovodrun's
   words (`Exit code: N`), which `kfast.cluster.job` reads.
+
+A per-host starter (`--coordinator`, `--count`, `--first-id`, `--control-stdin`: what `jax_hosts` passes) runs
+its share of a larger job, and takes signal names, one per line, on its standard input from the launcher (ssh
+carries no signals); the end of its input means the launcher is gone, and its processes are stopped.
 """
 
 from __future__ import annotations
@@ -19,29 +21,19 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
-from kfast._core import signal_handling
-from kfast.cluster import filtered_run
+from kfast.cluster import jax_hosts, process_group
+from kfast.cluster.process_group import free_port
 from kfast.distributed import _jax
+from kfast.env import preflight
 
 # A resumable stop writes rank 0's checkpoint first: the others wait at its barrier and leave right after.
-_PEERS_GRACE_S = 30.0
-_KILL_AFTER_S = 10.0
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for the coordinator."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+PEERS_GRACE_S = 30.0
 
 
 def process_env(base: dict[str, str], coordinator: str, count: int, process_id: int, local_rank: int,
@@ -60,86 +52,93 @@ def process_env(base: dict[str, str], coordinator: str, count: int, process_id: 
     return env
 
 
-def _copy_lines(stream: IO[bytes], sink: IO[bytes], prefix: bytes, lock: threading.Lock) -> None:
-    for line in iter(stream.readline, b""):
-        with lock:
-            sink.write(prefix + line)
-            sink.flush()
-    stream.close()
+def _read_control(control: IO[str], forward: Callable[[int], None]) -> None:
+    """Forwards each signal named on `control` (`SIGTERM` lines); at its end (the launcher or its ssh is gone),
+    stops the processes: SIGTERM now (a checkpoint, where the job takes one), SIGKILL after a while."""
+    for line in iter(control.readline, ""):
+        name = line.strip()
+        if name in signal.Signals.__members__:
+            forward(signal.Signals[name])
+    forward(signal.SIGTERM)
+    last = threading.Timer(PEERS_GRACE_S + process_group.KILL_AFTER_S, forward, args=(signal.SIGKILL,))
+    last.daemon = True
+    last.start()
 
 
-def run(np: int, cmd: Sequence[str], grace_s: float = _PEERS_GRACE_S) -> int:
+def run(np: int, cmd: Sequence[str], grace_s: float = PEERS_GRACE_S, *, coordinator: str | None = None,
+        count: int | None = None, first_id: int = 0, control: IO[str] | None = None) -> int:
     """Runs `np` processes of `cmd` on this host and returns the job's exit status (see the module's notes).
 
-    `grace_s`: how long the others may run on once one failed, before SIGTERM (and SIGKILL `_KILL_AFTER_S` later).
+    Args:
+        np: the processes to start here.
+        cmd: what each runs.
+        grace_s: how long the others may run on once one failed, before SIGTERM (and SIGKILL
+            `process_group.KILL_AFTER_S` later).
+        coordinator: `host:port` of process 0's coordinator; default: a free port on 127.0.0.1 (a job on
+            this host alone).
+        count: the processes of the whole job (default `np`); these are `first_id` to `first_id + np - 1`.
+        first_id: the id of the first process started here.
+        control: signal names, one per line; see the module's notes.
     """
-    coordinator = f"127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen(list(cmd), env=process_env(dict(os.environ), coordinator, np, i, i, np),
+    count = np if count is None else count
+    coordinator = coordinator or f"127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen(list(cmd), env=process_env(dict(os.environ), coordinator, count, first_id + i, i, np),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(np)]
     lock = threading.Lock()
-    copies = [threading.Thread(target=_copy_lines, args=(stream, sink, f"[{i}] ".encode(), lock), daemon=True)
+    copies = [threading.Thread(target=process_group.copy_lines, daemon=True,
+                               args=(stream, sink, f"[{first_id + i}] ".encode(), lock))
               for i, p in enumerate(procs) for stream, sink in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer))]
     for thread in copies:
         thread.start()
-    arrivals = filtered_run.Arrivals()
 
-    def forward(signum: int) -> None:
-        if not arrivals.new(signum):
-            return  # the signal owner tells of one arrival twice
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
+    def listen(forward: Callable[[int], None]) -> None:
+        if control is not None:
+            threading.Thread(target=_read_control, args=(control, forward), daemon=True).start()
 
-    taken = signal_handling.catch(_FORWARDED, forward)
-    first: tuple[int, int] | None = None  # (process id, status) of the first to fail
-    failed_at = 0.0
-    try:
-        while any(p.poll() is None for p in procs):
-            for i, p in enumerate(procs):
-                code = p.poll()
-                if first is None and code not in (None, 0):
-                    first, failed_at = (i, filtered_run.exit_status(code)), time.monotonic()
-            if first is not None:
-                waited = time.monotonic() - failed_at
-                for p in procs:
-                    if p.poll() is None and waited > grace_s + _KILL_AFTER_S:
-                        p.kill()
-                    elif p.poll() is None and waited > grace_s:
-                        p.terminate()
-            time.sleep(0.1)
-    finally:
-        if taken is not None:
-            taken.release()
-        for p in procs:  # an exception here (a Ctrl-C between the checks) leaves no process behind
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    first = process_group.watch(procs, grace_s, on_start=listen)
     for thread in copies:
         thread.join(timeout=5)  # the last lines of every process before the verdict
     if first is None:
-        # A failure in the last moments, after the loop's final look.
-        bad = [(i, filtered_run.exit_status(p.returncode)) for i, p in enumerate(procs) if p.returncode != 0]
-        if not bad:
-            return 0
-        first = bad[0]
-    process_id, status = first
-    print(f"kfast: JAX process {process_id} of {np} ended first, with status {status}.\nExit code: {status}",
-          file=sys.stderr, flush=True)
+        return 0
+    index, status = first
+    if control is None:  # a per-host starter's launcher gives the job's verdict
+        print(f"kfast: JAX process {first_id + index} of {count} ended first, with status {status}.\n"
+              f"Exit code: {status}", file=sys.stderr, flush=True)
     return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kfast.cluster.jax_processes",
-                                     description="Start N JAX processes of a command on this host (kfast launch).")
-    parser.add_argument("-np", type=int, required=True, help="how many processes")
-    parser.add_argument("--grace", type=float, default=_PEERS_GRACE_S, metavar="SECONDS",
-                        help=f"how long the others may run on once one failed (default {_PEERS_GRACE_S:g})")
+                                     description="Start N JAX processes of a command on this host or on the hosts "
+                                                 "of -H (kfast launch).")
+    parser.add_argument("-np", type=int, required=True, help="how many processes (here, or on all hosts of -H)")
+    parser.add_argument("-H", dest="hosts", help="host:slots[,host:slots...]: start the processes there, over ssh "
+                                                 "for other hosts (default: all on this host)")
+    parser.add_argument("--chdir", metavar="DIR", help="with -H: where the processes run on every host "
+                                                       "(default: this directory)")
+    parser.add_argument("--grace", type=float, default=PEERS_GRACE_S, metavar="SECONDS",
+                        help=f"how long the others may run on once one failed (default {PEERS_GRACE_S:g})")
+    parser.add_argument("--coordinator", help="a per-host starter's: process 0's host:port")
+    parser.add_argument("--count", type=int, help="a per-host starter's: the processes of the whole job")
+    parser.add_argument("--first-id", type=int, default=0, help="a per-host starter's: its first process id")
+    parser.add_argument("--control-stdin", action="store_true",
+                        help="a per-host starter's: read signal names from standard input (see the module)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command every process runs")
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if args.np < 1 or not cmd:
         parser.error("give -np N (at least 1) and, after --, the command")
-    return run(args.np, cmd, grace_s=args.grace)
+    if args.hosts:
+        try:
+            groups = jax_hosts.groups(args.np, args.hosts)
+        except ValueError as e:
+            parser.error(str(e))
+        if len(groups) > 1 or not preflight.is_local(groups[0].host):
+            return jax_hosts.run(groups, cmd, directory=os.path.abspath(args.chdir or os.getcwd()), grace_s=args.grace)
+    if args.chdir:
+        os.chdir(args.chdir)
+    return run(args.np, cmd, grace_s=args.grace, coordinator=args.coordinator, count=args.count,
+               first_id=args.first_id, control=sys.stdin if args.control_stdin else None)
 
 
 if __name__ == "__main__":

@@ -204,3 +204,43 @@ class JaxCollectives:
         # variable's creation, an assignment, a loaded checkpoint) only after checking that each process gave
         # the same; the steps that change it run the same program on every process.
         return None
+
+
+def load_on_every_process(model: Any, path: str) -> None:
+    """Loads rank 0's checkpoint `path` into `model` on every process (a weight's assignment is a collective
+    here, so rank 0 cannot load alone): from the same file where a process sees rank 0's, else from a copy of
+    rank 0's bytes (hosts without shared storage: only rank 0's disk has the checkpoints, or another disk has
+    other files at that path)."""
+    import hashlib
+    import tempfile
+
+    import jax
+
+    def digest() -> str | None:
+        if not os.path.isfile(path):
+            return None
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+
+    collectives = JaxCollectives()
+    mine = digest()
+    digests = collectives.allgather_object(mine)
+    if all(d == digests[0] for d in digests):
+        model.load_weights(path)
+        return
+    payload = None
+    if jax.process_index() == 0:
+        with open(path, "rb") as source:
+            payload = source.read()
+    payload = collectives.broadcast_object(payload, root_rank=0)
+    if mine == digests[0]:
+        model.load_weights(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="kfast-restore-") as copy_dir:
+        copy = os.path.join(copy_dir, os.path.basename(path))  # the name's suffix tells Keras the format
+        with open(copy, "wb") as target:
+            target.write(payload)
+        model.load_weights(copy)

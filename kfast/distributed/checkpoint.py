@@ -26,6 +26,7 @@ from kfast.data.position import EpochOrder
 from kfast.distributed import _checkpoint_files as files
 from kfast._core import topology
 from kfast.distributed import _horovod
+from kfast.distributed import _jax
 from kfast.distributed._checkpoint_files import STATE_VERSION  # noqa: F401 - part of this module's API
 from kfast.distributed._checkpoint_files import NewerCheckpointError
 from kfast.distributed._checkpoint_files import Position
@@ -153,18 +154,6 @@ def _load_latest(model: keras.Model, checkpoint_dir: str, load: bool = True) -> 
     return None
 
 
-def _load_on_every_process(model: keras.Model, path: str) -> None:
-    """Each JAX process loads rank 0's pick (NOTE [ Every JAX process loads the file ]); every process raises,
-    naming the ones that cannot read it, when the checkpoints are not on storage they all see."""
-    seen = _horovod.allgather_object(os.path.isfile(path))
-    if not all(seen):
-        missing = [rank for rank, ok in enumerate(seen) if not ok]
-        raise ValueError(f"restore() found {path} on rank 0, but process(es) {missing} cannot read it: on the JAX "
-                         "engine every process loads the checkpoint, so put the checkpoint directory on storage "
-                         "every host mounts at the same path.")
-    model.load_weights(path)
-
-
 def _build(model: keras.Model, build_config: dict[str, Any] | None, path: str | os.PathLike[str]) -> None:
     # A model without an Input layer is built by its first batch; a checkpoint records the shapes it was
     # built with, so restore() can build it now and load the weights before fit() starts.
@@ -244,7 +233,7 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loade
     error: Exception | None = None
     # NOTE [ Every JAX process loads the file ]: on the JAX engine a weight's assignment is a collective of
     # every process (JAX checks that they all give the same value), so rank 0 cannot load alone; it picks
-    # the file, and each process loads it.
+    # the file, and each process loads it (`_jax.load_on_every_process`: from its own disk, or rank 0's bytes).
     together = topology.one_step_for_all() and _horovod.size() > 1
     if _horovod.is_chief():
         try:
@@ -264,7 +253,7 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loade
     position, build_config, state, best, path, data = found
     _build(model, build_config, directory)
     if together:
-        _load_on_every_process(model, path)
+        _jax.load_on_every_process(model, path)
     else:
         _horovod.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
     training_state(model).update(state)

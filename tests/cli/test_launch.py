@@ -101,7 +101,7 @@ def test_readme_recipe_launch_lines_give_the_commands_they_promise(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_keras_on_jax_launches_jax_processes_on_this_machine(tmp_path):
+def test_keras_on_jax_launches_jax_processes(tmp_path):
     starter = [PY, "-m", "kfast.cluster.jax_processes", "-np", "2", "--", PY, "train.py", "--lr", "0.1"]
     for how in ({"KERAS_BACKEND": "jax"}, {"KERAS_HOME": str(tmp_path)}):  # the variable, or Keras's config file
         (tmp_path / "keras.json").write_text('{"backend": "jax"}')
@@ -109,18 +109,17 @@ def test_keras_on_jax_launches_jax_processes_on_this_machine(tmp_path):
                       env={"KERAS_BACKEND": "", **how})
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split() == starter
-    import socket
-
-    for host in ("localhost", socket.gethostname()):  # this machine by any of its names (a one-node allocation's)
-        proc = launch("--dry-run", "--engine", "jax", "-np", "2", "-H", f"{host}:2", "train.py", "--lr", "0.1",
-                      cwd=tmp_path)
-        assert proc.stdout.split() == starter, proc.stderr
-    # Horovod stays the engine of Keras on TensorFlow; what the JAX engine cannot do yet is said.
+    # Hosts: the starter lays the processes over them (tests/multihost/test_jax_hosts.py runs it).
+    proc = launch("--dry-run", "--engine", "jax", "-H", "a:2,b:2", "train.py", "--lr", "0.1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [*starter[:4], "4", "-H", "a:2,b:2", "--chdir", str(tmp_path), *starter[5:]]
+    # Horovod stays the engine of Keras on TensorFlow.
     proc = launch("--dry-run", "--engine", "horovod", "-np", "2", "train.py", cwd=tmp_path, env={"KERAS_BACKEND": "jax"})
     assert proc.stdout.split()[1:4] == ["-np", "2", "-H"]
-    proc = launch("--dry-run", "--engine", "jax", "-H", "a:2,b:2", "train.py", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert ("kfast launch: the JAX engine starts processes on this machine only so far, and -H a:2,b:2 names others; "
-            "run on one host, or use the Horovod engine (KERAS_BACKEND=tensorflow) across hosts.") in proc.stderr
+    for hosts, error in [("a:1,b:1,c", "-H 'a:1,b:1,c' is not a host list; expected host:slots[,host:slots...]"),
+                         ("localhost:1,b:1", "name this host as the others know it"),
+                         ("a:1", "-H a:1 offers 1 slot(s) for -np 2; add hosts or slots.")]:
+        proc = launch("--dry-run", "--engine", "jax", "-np", "2", "-H", hosts, "train.py", cwd=tmp_path)
+        assert proc.returncode == 2 and f"kfast launch: " in proc.stderr and error in proc.stderr, proc.stderr
     proc = launch("--dry-run", "--engine", "jax", "--elastic", "-np", "2", "train.py", cwd=tmp_path)
     assert proc.returncode == 2 and "--elastic needs the Horovod engine" in proc.stderr

@@ -5,7 +5,7 @@ trained step: "epoch batch learning-rate") and DIR/writes-RANK.txt (every file i
 under DIR/checkpoints, seen by an audit hook). The job's data are 96 samples whose labels carry their ids.
 
     jax_job.py DIR --batch B [--epochs E] [--shuffle] [--model-parallel] [--signal-at STEP --signal-rank R]
-                   [--resume] [--lr LR] [--warmup-epochs N]
+                   [--resume] [--lr LR] [--warmup-epochs N] [--hold-at STEP --marker PATH]
 """
 
 import argparse
@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import keras
 import numpy as np
@@ -31,11 +32,15 @@ parser.add_argument("--model-parallel", action="store_true", help="kernels split
 parser.add_argument("--signal-at", type=int, default=-1, help="the step (over the run) after which SIGTERM comes")
 parser.add_argument("--signal-rank", type=int, default=0)
 parser.add_argument("--resume", action="store_true")
+parser.add_argument("--hold-at", type=int, default=-1,
+                    help="rank 0 makes --marker after this step and waits for MARKER.go (once: not if the marker exists)")
+parser.add_argument("--marker")
 parser.add_argument("--lr", type=float, default=0.02, help="one process's rate; default_callbacks scales it by size")
 parser.add_argument("--warmup-epochs", type=int, default=1)
 args = parser.parse_args()
 
 kfast.distributed.init()
+os.makedirs(args.dir, exist_ok=True)  # on hosts that share no disk, each process makes its own
 rank, size = kfast.distributed.rank(), kfast.distributed.size()
 checkpoints = os.path.join(args.dir, "checkpoints")
 writes = []
@@ -82,6 +87,12 @@ class Record(keras.callbacks.Callback):
             f.write(f"{self.epoch} {batch} {float(self.model.optimizer.learning_rate):.8f}\n")
         if Record.step == args.signal_at and rank == args.signal_rank:
             os.kill(os.getpid(), signal.SIGTERM)  # as if it came during the step just trained
+        if Record.step == args.hold_at and rank == 0 and not os.path.exists(args.marker):
+            open(args.marker, "w").close()  # a test sends its signal now, then lets it go on
+            for _ in range(1200):
+                if os.path.exists(args.marker + ".go"):
+                    break
+                time.sleep(0.1)
         Record.step += 1
 
 

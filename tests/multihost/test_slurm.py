@@ -228,3 +228,89 @@ def test_the_preemption_signal_requeues_the_job_and_it_resumes_mid_epoch_with_ev
     weights = [np.load(cluster.path(NODES[r], "work", run, f"weights-{r}.npy")) for run in ("plain", "requeued")
                for r in (0, 1)]
     assert all(np.array_equal(weights[0], w) for w in weights[1:])
+
+
+JAX_PYTHON = os.path.join(REPO, ".venv-jax", "bin", "python")
+JAX_JOB = os.path.join(REPO, "tests", "distributed", "jax_job.py")
+
+
+def _jax_steps(cluster, run, rank):
+    try:
+        with open(cluster.path(NODES[rank], "work", run, f"log-{rank}.txt")) as f:
+            return [line.split()[2] for line in f.read().splitlines()]  # each step's learning rate
+    except OSError:
+        return []
+
+
+@pytest.mark.timeout(500)
+def test_the_jax_engine_under_slurm_trains_on_two_nodes_and_a_requeued_job_resumes_exactly(cluster):
+    if not os.path.exists(JAX_PYTHON):
+        pytest.fail("the JAX engine's tests need .venv-jax: run `make backend-setup` (make test does)")
+    env = {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    shape = ["--batch", "8", "--epochs", "3", "--warmup-epochs", "0", "--resume"]
+
+    def submit(run, *extra):
+        # The script `kfast launch --print-sbatch` writes for the JAX engine, on the first two nodes (the
+        # requeued run must find process 0's checkpoints on node01's disk: these hosts share none).
+        printed = cluster.run(NODES[0], [JAX_PYTHON, "-m", "kfast.cli", "launch", "--print-sbatch", "--nodes", "2",
+                                         "--time", "00:10:00", JAX_JOB, f"{WORK}/{run}", *shape, *extra],
+                              timeout=60, env=env)
+        assert printed.returncode == 0, printed.stderr
+        assert "export KERAS_BACKEND=jax" in printed.stdout
+        with open(cluster.path(NODES[0], "work", f"{run}.sbatch"), "w") as f:
+            f.write(printed.stdout)
+        return cluster.slurm.sbatch(f"{WORK}/{run}.sbatch", "--output", "slurm-%j.out", "--nodelist",
+                                    ",".join(NODES[:2]), env={"XLA_FLAGS": env["XLA_FLAGS"]})
+
+    plain = submit("jax-plain")
+    fields = _finished(cluster, plain, 240)
+    out = _output(cluster, plain)
+    assert fields["JobState"] == "COMPLETED", out[-5000:]
+    assert f"kfast launch: Slurm job {plain}: node01:1,node02:1 (2 slot(s))" in out
+    assert "kfast.cluster.jax_processes -np 2 -H node01:1,node02:1" in out
+    weights = [np.load(cluster.path(NODES[r], "work", "jax-plain", f"weights-{r}.npy")) for r in (0, 1)]
+    np.testing.assert_array_equal(weights[0], weights[1])
+    assert not os.path.exists(cluster.path(NODES[1], "work", "jax-plain", "checkpoints"))
+
+    marker = f"{WORK}/jax-requeued-held"
+    job = submit("jax-requeued", "--hold-at", "6", "--marker", marker)
+    held = cluster.path(NODES[0], "work", "jax-requeued-held")
+    assert wait_until(lambda: os.path.exists(held), timeout=180), _output(cluster, job)[-5000:]
+    cluster.slurm.run(["scancel", "--signal=USR1", "--batch", job])  # what --signal=B:USR1@N does, at once
+    said = "kfast launch: SIGUSR1 received; sending SIGTERM to the 1 rank(s) on this host"
+    assert wait_until(lambda: said in _output(cluster, job), timeout=30), _output(cluster, job)[-5000:]
+    open(held + ".go", "w").close()
+    fields = _finished(cluster, job, 300)
+    out = _output(cluster, job)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", out[-5000:]
+    assert f"Slurm job {job} requeued: it resumes where it stopped" in out
+    stopped = [name for name in os.listdir(cluster.path(NODES[0], "work", "jax-requeued", "checkpoints"))
+               if name == "epoch-0002-batch-0001.keras"]
+    assert stopped, out[-5000:]  # stopped after step 7 (held after the 7th), inside epoch 2 of 6 steps
+    for rank in (0, 1):
+        # Every step once, at the uninterrupted run's rates, and its weights bit for bit.
+        assert _jax_steps(cluster, "jax-requeued", rank) == _jax_steps(cluster, "jax-plain", rank), rank
+        assert len(_jax_steps(cluster, "jax-plain", rank)) == 18
+        np.testing.assert_array_equal(
+            np.load(cluster.path(NODES[rank], "work", "jax-requeued", f"weights-{rank}.npy")), weights[rank])
+
+
+@pytest.mark.timeout(300)
+def test_a_jax_script_started_by_srun_joins_through_slurms_own_variables(cluster):
+    # No kfast launch: srun starts one task per node, and kfast.distributed.init() (through JAX) reads the
+    # step's nodes, task count and task id from Slurm.
+    script = _script(cluster, "jax-srun.sh", "export KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=2",
+                     f"srun {JAX_PYTHON} {JAX_JOB} {WORK}/jax-srun --batch 8 --epochs 1 --warmup-epochs 0",
+                     options=["--nodes=2", "--ntasks-per-node=1", f"--nodelist={','.join(NODES[:2])}",
+                              "--output=slurm-%j.out"])
+    job = cluster.slurm.sbatch(script)
+    fields = _finished(cluster, job, 240)
+    out = _output(cluster, job)
+    assert fields["JobState"] == "COMPLETED", out[-5000:]
+    facts = []
+    for rank in (0, 1):
+        with open(cluster.path(NODES[rank], "work", "jax-srun", f"facts-{rank}.json")) as f:
+            facts.append(json.load(f))
+    assert [(f["rank"], f["size"], f["devices"]) for f in facts] == [(0, 2, 4), (1, 2, 4)]
+    np.testing.assert_array_equal(np.load(cluster.path(NODES[0], "work", "jax-srun", "weights-0.npy")),
+                                  np.load(cluster.path(NODES[1], "work", "jax-srun", "weights-1.npy")))
