@@ -15,6 +15,9 @@ FastLoader passed in what to read:
   the metric states over the ranks (`kfast.callbacks.MetricAverage`, in `default_callbacks`): each rank
   evaluates its share and the sums give the exact result.
 
+On the JAX engine one step is one program over every process's part of a global batch: evaluate and predict
+read `SHARE` always, and predict's outputs are gathered to every process (`_gathered_predict`).
+
 A tf.data pipeline sharded with `kfast.data.shard(..., mode="all")` cannot be read whole again: its
 `evaluate` is summed over the ranks here, after Keras's loop, from the metric states (a collective).
 Evaluating or predicting on what is one rank's part only (a "drop" or "pad" shard, a `ShardedDataset`)
@@ -80,22 +83,49 @@ def _check_even(kind: str, batches: int, batch_size: Any) -> None:
                          f"batches, all full: give it a multiple of {size} batches{samples} (the last batch full).")
 
 
+def _gathered_predict(original: Any, model: Any, args: Any, kwargs: Any) -> Any:
+    """predict() over several JAX processes: each step's outputs are one global array spread over every
+    process's devices, which Keras's loop cannot turn into numpy; they are gathered to every process first
+    (JAX's `process_allgather`), as process 0's part, then process 1's, ...: the loader's batch order.
+
+    Keras keeps the compiled step in `predict_function` (made by `make_predict_function`, which predict()
+    reuses); it is wrapped for the call and put back after. tests/distributed/jax_collectives.py checks the
+    predictions, so a Keras that renames either fails there."""
+    from jax.experimental import multihost_utils
+    from jax import tree_util
+
+    model.make_predict_function()
+    step = model.predict_function
+
+    def gathered(state: Any, iterator: Any) -> Any:
+        outputs, state = step(state, iterator)
+        return tree_util.tree_map(lambda o: multihost_utils.process_allgather(o, tiled=True), outputs), state
+
+    model.predict_function = gathered
+    try:
+        return original(model, *args, **kwargs)
+    finally:
+        model.predict_function = step
+
+
 def _wrap(original: Any, kind: str) -> Any:
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def call(model: Any, *args: Any, **kwargs: Any) -> Any:
-        if kind == "predict" and topology.one_step_for_all() and topology.size() > 1:
-            raise ValueError(
-                f"predict() over {topology.size()} JAX processes is not supported: Keras on JAX cannot fetch outputs "
-                "held by other processes' devices. Predict in a process of its own, with the model loaded from "
-                "the checkpoint (keras.saving.load_model), or compute what you need inside evaluate's metrics.")
         try:
             bound = signature.bind(model, *args, **kwargs)
         except TypeError:
             return original(model, *args, **kwargs)  # Keras's own error for bad arguments
         x: Any = bound.arguments.get("x")
         reading = getattr(x, "_keras_reading", None)
+        together = topology.one_step_for_all() and topology.size() > 1
+        if kind == "predict" and together and reading is None:
+            raise ValueError(
+                f"predict() over {topology.size()} JAX processes got {type(x).__name__}; it reads a "
+                "kfast.data.FastLoader, whose batches it deals over the processes (each step predicts one batch "
+                "per process, and every process gets the whole result in the loader's order). Wrap the data in "
+                "one: model.predict(kfast.data.FastLoader(kfast.data.ArrayDataset(x, batch_size=32))).")
         if reading is not None:  # a FastLoader
             # On the JAX engine one step reads every process's part of a global batch, for all three calls.
             sums = kind == "evaluate" and _sums_states(_callbacks(bound)) or topology.one_step_for_all()
@@ -105,6 +135,8 @@ def _wrap(original: Any, kind: str) -> Any:
                 _warn_once(f"{kind}-given", f"{kind}() on a FastLoader over a ShardedDataset",
                            "pass the dataset itself to FastLoader, which reads the whole set in evaluate and predict.")
             with reading(SHARE if sums else WHOLE):
+                if kind == "predict" and together:
+                    return _gathered_predict(original, model, args, kwargs)
                 return original(model, *args, **kwargs)
         mark = getattr(x, "_kfast_shard", None)
         if mark is None or mark.size == 1:
