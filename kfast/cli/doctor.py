@@ -14,7 +14,8 @@ def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--hosts", metavar="HOST[,HOST...]",
                    help="also check these hosts for a multi-host launch, as `kfast launch` does before "
-                        "starting horovodrun (ssh, working directory, versions, hostnames, interfaces)")
+                        "starting the job (ssh, working directory, versions, hostnames, interfaces), for the engine "
+                        "of Keras's backend (Horovod on TensorFlow, JAX's processes on JAX)")
     p.set_defaults(run=run_doctor)
 
 
@@ -23,6 +24,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
     report = doctor.collect()
     if args.hosts:
-        doctor.check_hosts(report, [h.rsplit(":", 1)[0] for h in args.hosts.split(",") if h])
+        from kfast.cli.launch import engine_for
+
+        doctor.check_hosts(report, [h.rsplit(":", 1)[0] for h in args.hosts.split(",") if h], engine=engine_for(None))
     print(json.dumps(report, indent=2) if args.json else doctor.format_report(report))
     return 1 if doctor.has_errors(report) else 0

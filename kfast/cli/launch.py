@@ -131,7 +131,7 @@ def add_launch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--chdir", metavar="DIR",
                    help="run every rank in DIR (default: this directory; it must exist on every host)")
     p.add_argument("--no-preflight", action="store_true",
-                   help="start horovodrun without first checking the other hosts")
+                   help="start the job without first checking the other hosts")
     p.add_argument("--dry-run", action="store_true", help="print the command without running it")
     p.add_argument("--stop-signal", action="append", metavar="SIG",
                    help="a signal that stops the job with a checkpoint: the ranks on this host get SIGTERM, which "
@@ -162,20 +162,22 @@ def add_launch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(run=run_launch)
 
 
-def _preflight(names: Sequence[str], directory: str) -> bool:
-    """Checks the hosts; prints what it found and returns True when horovodrun may start."""
+def _preflight(names: Sequence[str], directory: str, engine: str = "horovod") -> bool:
+    """Checks the hosts; prints what it found and returns True when the job may start."""
     from kfast.env import preflight
 
-    print(f"kfast launch: checking {', '.join(names)} (ssh, working directory, versions, hostnames, "
-          "interfaces; --no-preflight skips this)", flush=True)
-    result = preflight.check(names, directory=directory)
+    checks = "hostnames, interfaces" if engine == "horovod" else "hostnames"
+    print(f"kfast launch: checking {', '.join(names)} (ssh, working directory, versions, {checks}; --no-preflight "
+          "skips this)", flush=True)
+    result = preflight.check(names, directory=directory, engine=engine)
     for note in result["notes"]:
         print(f"kfast launch: {note}", flush=True)
     if not result["problems"]:
         return True
     for line in preflight.problem_lines(result):
         print(f"kfast launch: {line}", file=sys.stderr)
-    print(f"kfast launch: {len(result['problems'])} problem(s) found, so horovodrun was not started; fix them, "
+    started = "horovodrun was not started" if engine == "horovod" else "no JAX process was started"
+    print(f"kfast launch: {len(result['problems'])} problem(s) found, so {started}; fix them, "
           "or pass --no-preflight to start anyway.", file=sys.stderr)
     return False
 
@@ -282,7 +284,7 @@ def run_launch(args: argparse.Namespace) -> int:
         print("kfast launch: horovodrun was not found; install Horovod with `bash scripts/install_horovod.sh` "
               "(see README).", file=sys.stderr)
         return 2
-    if engine == "horovod" and not args.no_preflight and preflight.needed(names) and not _preflight(names, directory):
+    if not args.no_preflight and preflight.needed(names) and not _preflight(names, directory, engine):
         return 1
     requeue = os.environ.get("SLURM_JOB_ID") if in_slurm and not args.no_requeue else None
     # TensorFlow's start-up lines from every rank are dropped; warnings and errors pass.

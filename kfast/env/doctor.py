@@ -196,14 +196,15 @@ def collect() -> dict[str, Any]:
     return report
 
 
-def check_hosts(report: dict[str, Any], names: Sequence[str]) -> None:
-    """Adds to `report` the checks `kfast launch` runs on hosts `names` before starting horovodrun.
+def check_hosts(report: dict[str, Any], names: Sequence[str], engine: str = "horovod") -> None:
+    """Adds to `report` the checks `kfast launch` runs on hosts `names` before starting a job of `engine`
+    (`"horovod"` or `"jax"`).
 
     Stores `kfast.env.preflight.check`'s result under `hosts`; each problem it finds is an error.
     """
     from kfast.env import preflight
 
-    result = preflight.check(names)
+    result = preflight.check(names, engine=engine)
     report["hosts"] = result
     for p in result["problems"]:
         _problem(report, "error", f"{p['host']}: {p['problem']}.", p["fix"])

@@ -40,8 +40,12 @@ SSH_OPTIONS = ["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=n
                "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}"]
 _VERSIONS = [("kfast", "kfast"), ("keras", "Keras"), ("tensorflow", "TensorFlow"), ("horovod", "Horovod"),
              ("python", "Python")]
+_JAX_VERSIONS = [("kfast", "kfast"), ("keras", "Keras"), ("jax", "JAX"), ("python", "Python")]
+ENGINES = ("horovod", "jax")  # kfast launch's engines: what each host must have differs
 _SAME_ENV_FIX = ("install the same versions on every host (the same environment at the same path: "
                  "`make setup`, or `pip install -c constraints.txt -e .[cpu]` and `bash scripts/install_horovod.sh`)")
+_SAME_JAX_ENV_FIX = ("install the same versions on every host (the same environment at the same path: "
+                     "`pip install -c constraints.txt -e .` and `pip install -c constraints.txt jax`)")
 # How the checks record a problem: problem(host, text, fix).
 _Problem = Callable[[str, str | None, str | None], None]
 
@@ -112,8 +116,8 @@ def _interfaces() -> tuple[dict[str, list[str]], list[str]]:
     return network, loopback
 
 
-def probe(directory: str) -> dict[str, Any]:
-    """What the checks need to know about this host (JSON-serialisable)."""
+def probe(directory: str, engine: str = "horovod") -> dict[str, Any]:
+    """What the checks need to know about this host (JSON-serialisable), for a job of `engine`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     facts: dict[str, Any] = {"hostname": socket.gethostname(), "directory": directory,
              "directory_exists": os.path.isdir(directory), "executable": sys.executable,
@@ -124,6 +128,17 @@ def probe(directory: str) -> dict[str, Any]:
     from kfast.env.horovod_build import horovod_build
 
     facts["versions"]["kfast"] = __version__
+    facts["horovod_build"] = []
+    if engine == "jax":
+        os.environ["KERAS_BACKEND"] = "jax"  # as every JAX process gets it (ssh passes no variables here)
+        try:
+            import jax
+            import keras
+
+            facts["versions"].update(keras=keras.__version__, jax=jax.__version__)
+        except Exception as e:  # noqa: BLE001 - reported as a difference, with the reason
+            facts["versions"].update(keras=None, jax=None, import_error=f"{type(e).__name__}: {e}")
+        return facts
     try:
         import keras
         import tensorflow as tf
@@ -137,14 +152,14 @@ def probe(directory: str) -> dict[str, Any]:
     return facts
 
 
-def _probe_command(directory: str, python: str) -> list[str]:
-    return [python, "-m", "kfast.env.preflight", directory]
+def _probe_command(directory: str, python: str, engine: str = "horovod") -> list[str]:
+    return [python, "-m", "kfast.env.preflight", *(["--engine", engine] if engine != "horovod" else []), directory]
 
 
-def _run_probe(name: str, directory: str, python: str,
-               local: bool) -> tuple[dict[str, Any] | None, str | None, str | None]:
+def _run_probe(name: str, directory: str, python: str, local: bool,
+               engine: str = "horovod") -> tuple[dict[str, Any] | None, str | None, str | None]:
     """Runs the probe on host `name`; returns (facts or None, problem or None, fix or None)."""
-    cmd = _probe_command(directory, python)
+    cmd = _probe_command(directory, python, engine)
     if not local:
         remote = " ".join(shlex.quote(c) for c in cmd)
         cmd = ["ssh", *SSH_OPTIONS, name, remote]
@@ -170,7 +185,8 @@ def _run_probe(name: str, directory: str, python: str,
     if "No module named" in last:
         return None, f"cannot import kfast with {python} ({last})", (
             "install kfast into that environment on every host, at the same path")
-    return None, f"could not run the check ({last})", f"run `{' '.join(_probe_command(directory, python))}` on {name} to see why"
+    return None, f"could not run the check ({last})", (
+        f"run `{' '.join(_probe_command(directory, python, engine))}` on {name} to see why")
 
 
 # -- the checks ---------------------------------------------------------------------------------------
@@ -185,13 +201,16 @@ def _is_loopback(address: str, facts: dict[str, Any]) -> bool:
     return not on_network and (loop or address in facts["loopback_addresses"])
 
 
-def check(names: Sequence[str], directory: str | None = None, python: str | None = None) -> dict[str, Any]:
+def check(names: Sequence[str], directory: str | None = None, python: str | None = None,
+          engine: str = "horovod") -> dict[str, Any]:
     """Runs every check on hosts `names` from this one.
 
     Args:
         names: host names, as `-H` lists them.
         directory: the directory the ranks will run in. Defaults to `None`: the current one.
         python: the interpreter horovodrun will start on each host. Defaults to `None`: this one.
+        engine: `"horovod"` (versions of TensorFlow and Horovod, its build, a common network interface) or
+            `"jax"` (versions of JAX; JAX's processes need no common interface name).
 
     Returns:
         A JSON-serialisable dict: `hosts` ({name: what its probe found, or None}), `problems` (each with
@@ -218,7 +237,7 @@ def check(names: Sequence[str], directory: str | None = None, python: str | None
     targets = [None, *[n for n in names if not local[n]]]  # None: this host, probed once
     with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
         answers = dict(zip(targets, pool.map(
-            lambda n: _run_probe(n or this, directory, python, local=n is None), targets)))
+            lambda n: _run_probe(n or this, directory, python, local=n is None, engine=engine), targets)))
     mine = answers[None][0]
     if mine is None:
         problem(this, f"(this host) {answers[None][1]}", answers[None][2])
@@ -230,27 +249,31 @@ def check(names: Sequence[str], directory: str | None = None, python: str | None
             problem(name, text, fix)
             continue
         if not facts["directory_exists"]:
-            problem(name, f"the working directory {directory} does not exist there (horovodrun runs each rank "
-                          "in the launching directory; where it is missing the rank silently runs in the home "
-                          "directory, on other files)",
+            problem(name, f"the working directory {directory} does not exist there (" + (
+                              "horovodrun runs each rank in the launching directory; where it is missing the rank "
+                              "silently runs in the home directory, on other files)" if engine == "horovod" else
+                              "kfast launch runs each process in the launching directory)"),
                     f"create {directory} on {name} with the same files, or pass --chdir DIR with a directory "
                     "every host has")
-        for key, label in _VERSIONS:
+        for key, label in (_JAX_VERSIONS if engine == "jax" else _VERSIONS):
             theirs, ours = facts["versions"].get(key), mine["versions"].get(key)
             if theirs != ours:
                 why = facts["versions"].get("import_error") if theirs is None else None
                 problem(name, f"has {label} {theirs or 'missing'}{f' ({why})' if why else ''}, but this host "
-                              f"({this}) has {ours or 'none'}", _SAME_ENV_FIX)
+                              f"({this}) has {ours or 'none'}", _SAME_ENV_FIX if engine == "horovod" else _SAME_JAX_ENV_FIX)
         if facts["versions"].get("horovod") and facts["horovod_build"] != mine["horovod_build"]:
             problem(name, f"has Horovod built with {', '.join(facts['horovod_build']) or 'nothing'}, but this "
                           f"host ({this}) has it built with {', '.join(mine['horovod_build']) or 'nothing'}",
                     "build it the same way everywhere: bash scripts/install_horovod.sh (add --gpu on GPU hosts)")
-    _check_hostnames(result, names, problem)
-    _check_interfaces(result, names, problem)
+    _check_hostnames(result, names, problem, engine)
+    if engine == "horovod":
+        _check_interfaces(result, names, problem)
     return result
 
 
-def _check_hostnames(result: dict[str, Any], names: Iterable[str], problem: _Problem) -> None:
+def _check_hostnames(result: dict[str, Any], names: Iterable[str], problem: _Problem, engine: str) -> None:
+    # Measured on the namespace hosts: JAX's Gloo fails the same way, after its connect timeout (about 100 s).
+    aborts = "Gloo aborts in hvd.init()" if engine == "horovod" else "Gloo fails in kfast.distributed.init()"
     for name in names:
         facts = result["hosts"].get(name)
         if not facts:
@@ -263,7 +286,7 @@ def _check_hostnames(result: dict[str, Any], names: Iterable[str], problem: _Pro
                           "from it", f"add `ADDRESS {own}` to /etc/hosts on {name}, with {where}")
         elif any(_is_loopback(a, facts) for a in addresses):
             problem(name, f"its own hostname {own!r} resolves to {', '.join(addresses)}, a loopback address "
-                          "(Debian's `127.0.1.1 <hostname>` line), so Gloo aborts in hvd.init() with "
+                          f"(Debian's `127.0.1.1 <hostname>` line), so {aborts} with "
                           "'connect [127.0.0.1]:N: Connection refused'",
                     f"map {own} to {where} in /etc/hosts on {name} instead")
 
@@ -302,8 +325,9 @@ def host_lines(result: dict[str, Any]) -> list[str]:
             continue
         v = facts["versions"]
         build = ", ".join(facts["horovod_build"]) or "nothing"
-        lines.append(f"{name}: kfast {v.get('kfast')}, Keras {v.get('keras')}, TensorFlow {v.get('tensorflow')}, "
-                     f"Horovod {v.get('horovod')} ({build}); hostname {facts['hostname']} -> "
+        stack = (f"JAX {v.get('jax')}" if "jax" in v else
+                 f"TensorFlow {v.get('tensorflow')}, Horovod {v.get('horovod')} ({build})")
+        lines.append(f"{name}: kfast {v.get('kfast')}, Keras {v.get('keras')}, {stack}; hostname {facts['hostname']} -> "
                      f"{', '.join(facts['hostname_addresses']) or 'nothing'}; interfaces "
                      f"{', '.join(sorted(facts['interfaces'])) or 'none'}")
     return lines
@@ -311,8 +335,11 @@ def host_lines(result: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """The probe's entry point on a host: prints this host's facts for the launching host to read."""
-    argv = sys.argv[1:] if argv is None else argv
-    print(_MARK + json.dumps(probe(argv[0] if argv else os.getcwd())), flush=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    engine = "horovod"
+    if argv[:1] == ["--engine"] and len(argv) > 1:
+        engine, argv = argv[1], argv[2:]
+    print(_MARK + json.dumps(probe(argv[0] if argv else os.getcwd(), engine)), flush=True)
     return 0
 
 

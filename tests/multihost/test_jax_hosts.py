@@ -7,6 +7,7 @@ own host's disk (harness.HOST_DIR/work), read here from outside.
 """
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -168,3 +169,30 @@ def test_signals_reach_the_other_hosts_processes_and_a_killed_launcher_leaves_no
         time.sleep(0.2)
     assert not left
     assert _stopped(fresh, "kill") == [str(int(signal.SIGTERM))] * 2
+
+
+@pytest.mark.timeout(150)
+def test_the_preflight_names_a_missing_directory_and_a_loopback_hostname_before_any_process_starts(fresh):
+    # Unchecked, a loopback hostname costs JAX's Gloo its connect timeout (about 100 s here) and then fails.
+    os.makedirs(fresh.path("hostA", "work", "only-on-a"))
+    loopback = fresh.write_hosts_file("loopback-hostB", "127.0.1.1 hostB\n127.0.100.1 hostA\n127.0.100.3 hostC\n")
+    fresh.bind("hostB", loopback, "/etc/hosts")
+    cmd = [os.path.join(JAX_BIN, "kfast"), "launch", "-np", "2", "-H", "hostA:1,hostB:1", JOB, "x", "--batch", "8"]
+    proc = fresh.run("hostA", cmd, cwd=f"{WORK}/only-on-a", timeout=120, env=_jax_env(1))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "kfast launch: checking hostA, hostB (ssh, working directory, versions, hostnames;" in proc.stdout
+    problems = sorted(line for line in proc.stderr.splitlines() if line.startswith("kfast launch: hostB: "))
+    assert len(problems) == 2, proc.stderr
+    assert problems[0].startswith("kfast launch: hostB: its own hostname 'hostB' resolves to 127.0.1.1, a loopback "
+                                  "address (Debian's `127.0.1.1 <hostname>` line), so Gloo fails in "
+                                  "kfast.distributed.init()"), problems[0]
+    assert problems[1].startswith(f"kfast launch: hostB: the working directory {WORK}/only-on-a does not exist there "
+                                  "(kfast launch runs each process in the launching directory)"), problems[1]
+    assert "2 problem(s) found, so no JAX process was started" in proc.stderr
+    assert not re.search(r"^\[\d\] ", proc.stdout + proc.stderr, re.M)  # no process ever started (or printed)
+    # kfast doctor --hosts runs the same checks for the engine of Keras's backend.
+    doctor = fresh.run("hostA", [os.path.join(JAX_BIN, "kfast"), "doctor", "--hosts", "hostA,hostB"], timeout=100,
+                       env=_jax_env(1))
+    assert doctor.returncode == 1, doctor.stdout[-3000:] + doctor.stderr[-3000:]
+    assert re.search(r"  hostA: kfast \S+, Keras \S+, JAX \S+; hostname hostA -> 127\.0\.100\.1", doctor.stdout)
+    assert "hostB: its own hostname 'hostB' resolves to 127.0.1.1" in doctor.stdout
