@@ -1,6 +1,9 @@
 import importlib.util
 import os
+import pathlib
+import shutil
 import signal
+import tempfile
 
 import pytest
 
@@ -206,3 +209,18 @@ def _fork_server_preloads_the_test_datasets(request):
 
     with FastLoader(datasets.Squares(n=2), workers=1, use_multiprocessing=True) as loader:
         assert len(list(loader)) == 2
+
+
+@pytest.fixture
+def short_tmp_path():
+    """A fresh directory with a short path (/tmp/kft-XXXXXXXX), removed afterwards, for a child's TMPDIR.
+
+    multiprocessing's fork server binds a Unix socket under TMPDIR (`pymp-*/listener-*`, 32 characters more),
+    and a socket's path holds at most 107: pytest's tmp_path under xdist (`.../pytest-123/popen-gw1/<test>0`)
+    came to 108 on a machine whose pytest runs had passed 100.
+    """
+    path = tempfile.mkdtemp(prefix="kft-")
+    try:
+        yield pathlib.Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -241,9 +241,8 @@ def _segments(pid):
 
 
 @pytest.mark.timeout(180)
-def test_sigterm_during_a_stuck_batch_in_fit_ends_the_process_and_leaves_nothing(tmp_path):
-    marker, tmp = tmp_path / "stuck", tmp_path / "tmp"
-    tmp.mkdir()
+def test_sigterm_during_a_stuck_batch_in_fit_ends_the_process_and_leaves_nothing(tmp_path, short_tmp_path):
+    marker, tmp = tmp_path / "stuck", short_tmp_path  # TMPDIR: the fork server's socket lives under it
     path = tmp_path / "train.py"
     path.write_text(PRELUDE + textwrap.dedent(f"""
         import keras

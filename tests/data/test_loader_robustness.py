@@ -119,8 +119,8 @@ def _children(pid):
 
 
 @pytest.mark.timeout(180)
-def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(tmp_path):
-    marker, script = tmp_path / "stuck", tmp_path / "train.py"
+def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(short_tmp_path):
+    marker, script = short_tmp_path / "stuck", short_tmp_path / "train.py"
     proc = _start_script(script, f"""
         import keras
         from kfast.data import FastLoader
@@ -147,8 +147,8 @@ def test_ctrl_c_with_a_stuck_worker_inside_fit_exits_fast_and_leaves_nothing(tmp
 
 
 @pytest.mark.timeout(180)
-def test_killed_trainer_leaves_no_workers_segments_or_temp_dirs(tmp_path):
-    marker, script = tmp_path / "stuck", tmp_path / "load.py"
+def test_killed_trainer_leaves_no_workers_segments_or_temp_dirs(short_tmp_path):
+    marker, script = short_tmp_path / "stuck", short_tmp_path / "load.py"
     proc = _start_script(script, f"""
         from kfast.data import FastLoader
         print(list(FastLoader(datasets.Stuck(n=8, stuck=4, marker={str(marker)!r}), workers=2)))
@@ -170,8 +170,8 @@ def test_killed_trainer_leaves_no_workers_segments_or_temp_dirs(tmp_path):
         proc.communicate()
 
 
-def test_threads_close_returns_with_a_stuck_thread_and_exit_is_not_blocked(tmp_path):
-    script = tmp_path / "threads.py"
+def test_threads_close_returns_with_a_stuck_thread_and_exit_is_not_blocked(short_tmp_path):
+    script = short_tmp_path / "threads.py"
     script.write_text(PRELUDE + textwrap.dedent("""
         import warnings
         from kfast.data import FastLoader, WorkerError
@@ -378,8 +378,8 @@ def test_a_forked_child_stopped_by_sigterm_leaves_the_parents_loaders_alone(tmp_
 
 
 @pytest.mark.timeout(180)
-def test_sighup_frees_the_loaders_and_ends_the_process_by_it_unless_the_user_handles_it(tmp_path):
-    marker, script = tmp_path / "stuck", tmp_path / "hup.py"
+def test_sighup_frees_the_loaders_and_ends_the_process_by_it_unless_the_user_handles_it(short_tmp_path):
+    marker, script = short_tmp_path / "stuck", short_tmp_path / "hup.py"
     proc = _start_script(script, f"""
         import signal
         from kfast.data import FastLoader
@@ -405,3 +405,28 @@ def test_sighup_frees_the_loaders_and_ends_the_process_by_it_unless_the_user_han
     finally:
         proc.kill()
         proc.communicate()
+
+
+@pytest.mark.timeout(120)
+def test_a_tmpdir_too_long_for_the_fork_servers_socket_is_named_with_the_fix(short_tmp_path):
+    # multiprocessing's own error was "OSError: AF_UNIX path too long", from deep inside its fork server.
+    long_dir = short_tmp_path / ("d" * (90 - len(str(short_tmp_path)) - 1))
+    long_dir.mkdir()
+    script = short_tmp_path / "load.py"
+    script.write_text(PRELUDE + "from kfast.data import FastLoader\n"
+                                "print(_ := list(FastLoader(datasets.Squares(n=2), workers=1)))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100,
+                          env={**ENV, "TMPDIR": str(long_dir)})
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"OSError: FastLoader(use_multiprocessing=True) starts its workers from multiprocessing's "
+                           f"fork server, which listens on a Unix socket in {long_dir}/pymp-"), last
+    assert last.endswith(f"that socket's path would be 122 characters, and Linux allows 107. The directory comes "
+                         f"from TMPDIR ({long_dir}, 90 characters): set TMPDIR to a directory of at most 75 characters "
+                         "(TMPDIR=/tmp), or pass use_multiprocessing=False to use threads."), last
+    # With TMPDIR of exactly that length, it works.
+    fits = short_tmp_path / ("f" * (75 - len(str(short_tmp_path)) - 1))
+    fits.mkdir()
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=100,
+                          env={**ENV, "TMPDIR": str(fits)})
+    assert len(str(fits)) == 75 and proc.returncode == 0, proc.stderr[-2000:]

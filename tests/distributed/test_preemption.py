@@ -82,9 +82,9 @@ def test_a_step_checkpoint_is_written_inside_the_epoch_and_names_its_batch(tmp_p
     assert "after batch 4 of epoch 2" in first.stdout
 
 
-def test_with_worker_processes_the_preempted_job_leaves_no_process_segment_or_temp_dir(uninterrupted, tmp_path):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def test_with_worker_processes_the_preempted_job_leaves_no_process_segment_or_temp_dir(uninterrupted, tmp_path,
+                                                                                         short_tmp_path):
+    tmp = short_tmp_path  # TMPDIR: the fork server's socket lives under it
     proc = subprocess.Popen([sys.executable, SCRIPT, str(tmp_path), "--seed", "7", "--signal-at", "14", "--processes"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "TMPDIR": str(tmp)},
                             cwd=REPO)
@@ -110,9 +110,8 @@ def test_with_worker_processes_the_preempted_job_leaves_no_process_segment_or_te
     assert np.array_equal(_weights(tmp_path), _weights(uninterrupted))
 
 
-def test_sigterm_during_a_stuck_batch_ends_within_the_bound_without_a_checkpoint(tmp_path):
-    marker, tmp = tmp_path / "stuck", tmp_path / "tmp"
-    tmp.mkdir()
+def test_sigterm_during_a_stuck_batch_ends_within_the_bound_without_a_checkpoint(tmp_path, short_tmp_path):
+    marker, tmp = tmp_path / "stuck", short_tmp_path  # TMPDIR: the fork server's socket lives under it
     proc = subprocess.Popen([sys.executable, SCRIPT, str(tmp_path), "--seed", "7", "--processes", "--stuck-at", "3",
                              "--marker", str(marker), "--timeout", "3"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "TMPDIR": str(tmp)},

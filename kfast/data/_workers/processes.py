@@ -51,6 +51,24 @@ def context(dataset: Any) -> Any:
     return ctx
 
 
+# The fork server listens on a Unix socket, `<temp dir>/listener-XXXXXXXX`, and Linux holds a socket's path in
+# 108 bytes, its NUL included; a longer one fails deep inside multiprocessing with "AF_UNIX path too long".
+_SOCKET_PATH_MAX = 107
+_LISTENER_NAME = len("/listener-") + 8
+
+
+def _check_socket_room(temp_dir: str) -> None:
+    longest = len(temp_dir) + _LISTENER_NAME
+    if longest > _SOCKET_PATH_MAX:
+        base = os.path.dirname(temp_dir)
+        raise OSError(
+            f"FastLoader(use_multiprocessing=True) starts its workers from multiprocessing's fork server, which "
+            f"listens on a Unix socket in {temp_dir}; that socket's path would be {longest} characters, and Linux "
+            f"allows {_SOCKET_PATH_MAX}. The directory comes from TMPDIR ({base}, {len(base)} characters): set "
+            f"TMPDIR to a directory of at most {_SOCKET_PATH_MAX - _LISTENER_NAME - len(temp_dir) + len(base)} "
+            "characters (TMPDIR=/tmp), or pass use_multiprocessing=False to use threads.")
+
+
 @contextlib.contextmanager
 def _server_environment() -> Iterator[None]:
     """Tells a fork server started meanwhile what its preloads need: the temporary directory to remove when
@@ -60,6 +78,7 @@ def _server_environment() -> Iterator[None]:
     Python child that imported `kfast.data._workers.server_path` would take on this process's path).
     """
     temp_dir = multiprocessing.util.get_temp_dir()
+    _check_socket_room(temp_dir)
     sweep.mark(temp_dir)  # so that a later loader can remove it if this whole process group is killed
     values = {server_env.TEMP_DIR_VARIABLE: temp_dir, server_env.PATH_VARIABLE: json.dumps(sys.path)}
     saved = {key: os.environ.get(key) for key in values}
