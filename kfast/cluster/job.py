@@ -118,12 +118,14 @@ def run(cmd: Sequence[str], rank_cmd: Sequence[str], *, cwd: str, stop_signals: 
     end.first_exit = first[-1] if first else None
     end.status = RESUMABLE_EXIT if code != 0 and end.first_exit == RESUMABLE_EXIT else code
     if end.status == RESUMABLE_EXIT and end.stop_signal and requeue_job:
+        # Said before asking: a requeue that works kills this batch script, often before a line after it is out.
+        print(f"kfast launch: the ranks stopped with a checkpoint (status {RESUMABLE_EXIT}); requeueing Slurm job "
+              f"{requeue_job}: it resumes where it stopped", file=sys.stderr, flush=True)
         why = requeue(requeue_job)
         end.requeued = why is None
-        print(f"kfast launch: the ranks stopped with a checkpoint (status {RESUMABLE_EXIT}); "
-              + (f"Slurm job {requeue_job} requeued: it resumes where it stopped" if why is None
-                 else f"requeueing Slurm job {requeue_job} failed ({why}); resubmit it to resume"),
-              file=sys.stderr, flush=True)
+        if why is not None:
+            print(f"kfast launch: requeueing Slurm job {requeue_job} failed ({why}); resubmit it to resume",
+                  file=sys.stderr, flush=True)
     elif end.status == RESUMABLE_EXIT:
         print(f"kfast launch: the ranks stopped with a checkpoint (status {RESUMABLE_EXIT}); run the same command "
               "with --resume to continue", file=sys.stderr, flush=True)

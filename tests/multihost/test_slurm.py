@@ -218,7 +218,7 @@ def test_the_preemption_signal_requeues_the_job_and_it_resumes_mid_epoch_with_ev
     out = _output(cluster, job)
     print(f"\npreemption signal to the requeued job's first step: {resumed - signalled:.1f} s")
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", out[-5000:]
-    assert f"Slurm job {job} requeued: it resumes where it stopped" in out
+    assert f"requeueing Slurm job {job}: it resumes where it stopped" in out
     # Stopped mid-epoch (held after step 6: step 7 carries the note; 5 steps per rank and epoch), then every
     # batch once, in the uninterrupted order.
     assert stopped_at == ["best.keras", "epoch-0001.keras", "epoch-0002-batch-0003.keras"], stopped_at
@@ -283,7 +283,7 @@ def test_the_jax_engine_under_slurm_trains_on_two_nodes_and_a_requeued_job_resum
     fields = _finished(cluster, job, 300)
     out = _output(cluster, job)
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", out[-5000:]
-    assert f"Slurm job {job} requeued: it resumes where it stopped" in out
+    assert f"requeueing Slurm job {job}: it resumes where it stopped" in out
     stopped = [name for name in os.listdir(cluster.path(NODES[0], "work", "jax-requeued", "checkpoints"))
                if name == "epoch-0002-batch-0001.keras"]
     assert stopped, out[-5000:]  # stopped after step 7 (held after the 7th), inside epoch 2 of 6 steps
