@@ -223,10 +223,11 @@ def ending() -> bool:
     return _ending
 
 
-def end(status: int, message: str) -> NoReturn:
-    """Writes `message` to stderr, runs the clean-ups and ends the process at once with `status`: no
-    unwinding through the framework, whatever thread this runs in. A clean-up still running after
-    `_END_BOUND_S` seconds (stuck on something another thread holds) is abandoned: the process ends anyway."""
+def end(status: int, message: str, last: Callable[[], object] | None = None) -> NoReturn:
+    """Writes `message` to stderr, runs the clean-ups, then `last` (when given), and ends the process at once
+    with `status`: no unwinding through the framework, whatever thread this runs in. A clean-up or `last`
+    still running after `_END_BOUND_S` seconds (stuck on something another thread holds, a peer that never
+    comes) is abandoned: the process ends anyway."""
     watchdog = threading.Timer(_END_BOUND_S, os._exit, (status,))
     watchdog.daemon = True
     watchdog.start()
@@ -234,6 +235,8 @@ def end(status: int, message: str) -> NoReturn:
         sys.stderr.write(message)
         sys.stderr.flush()
         clean_up()
+        if last is not None:
+            last()
     finally:
         try:
             sys.stdout.flush()

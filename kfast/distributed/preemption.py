@@ -84,7 +84,7 @@ def signal_numbers(owner: str, names: Sequence[str | int] | None) -> tuple[int, 
 
 def leave(stopped: Preempted) -> None:
     """Ends training for `stopped`, its checkpoint written: alone, by raising it; under Horovod, once every
-    rank knows rank 0's checkpoint is whole, by ending the process at once with status 75.
+    rank knows rank 0's checkpoint is whole, by ending every process together, at once, with status 75.
 
     Why at once: horovodrun stops the other ranks with SIGTERM when one exits, so ranks that each took
     seconds to unwind (TensorFlow's shutdown) would be reported as killed, or cut rank 0's file short.
@@ -93,7 +93,9 @@ def leave(stopped: Preempted) -> None:
         raise stopped
     signal_handling.ignore_terminations()  # horovodrun's SIGTERM for a peer's exit must not change the status
     _horovod.broadcast_object(None, root_rank=0)  # rank 0 wrote its checkpoint before it got here
-    signal_handling.end(RESUMABLE_EXIT, "")
+    # After the clean-ups, a last meeting: horovodrun reports the first rank to end and stops the others
+    # through their shells, so a rank ending tens of ms after it (a slower clean-up) was listed as 143.
+    signal_handling.end(RESUMABLE_EXIT, "", last=lambda: _horovod.broadcast_object(None, root_rank=0))
 
 
 @dataclasses.dataclass

@@ -7,6 +7,7 @@ the learning rate warms up per batch: a resume that loses the seed or the positi
 
     preempt_script.py DIR [--signal-at STEP] [--signal-rank R] [--resume] [--seed S] [--processes]
                           [--stuck-at INDEX --marker FILE] [--hold-at STEP --marker FILE] [--timeout S]
+                          [--slow-exit S]
 """
 
 import argparse
@@ -38,6 +39,9 @@ parser.add_argument("--hold-at", type=int, default=-1,
                          "once: a test then signals the job from outside (tests/multihost/test_slurm.py)")
 parser.add_argument("--marker", default=None)
 parser.add_argument("--timeout", type=float, default=20.0)
+parser.add_argument("--slow-exit", type=float, default=0.0,
+                    help="seconds the clean-ups of rank --signal-rank take at the end, which then writes the time "
+                         "they ended to DIR/cleaned-RANK.txt")
 args = parser.parse_args()
 
 tf.config.experimental.enable_op_determinism()
@@ -45,6 +49,16 @@ kfast.distributed.init()
 rank, size = kfast.distributed.rank(), kfast.distributed.size()
 keras.utils.set_random_seed(1)
 log_path = os.path.join(args.dir, f"log-{rank}.txt")
+
+if args.slow_exit and rank == args.signal_rank:
+    from kfast._core import signal_handling
+
+    def _slow_clean_up():
+        time.sleep(args.slow_exit)
+        with open(os.path.join(args.dir, f"cleaned-{rank}.txt"), "w") as f:
+            f.write(repr(time.time()))
+
+    signal_handling.on_termination(_slow_clean_up)
 
 
 class Indexed(keras.utils.PyDataset):

@@ -10,6 +10,7 @@ import pytest
 
 import harness
 from helpers import REPO
+from helpers import assert_stopped_resumably
 from runner import horovodrun
 
 SCRIPT = os.path.join(REPO, "tests", "distributed", "preempt_script.py")
@@ -38,7 +39,7 @@ def test_sigterm_on_one_host_stops_both_with_a_step_checkpoint_on_rank0s_disk_an
     horovodrun(cluster, HOSTS, SCRIPT, f"{work}/plain", "--seed", 7, timeout=200)
     out = horovodrun(cluster, HOSTS, SCRIPT, f"{work}/preempted", "--seed", 7, "--signal-at", 6, "--signal-rank", 1,
                      timeout=200, expect_fail=True)
-    assert "Process 0 exit with status code 75" in out and "Process 1 exit with status code 75" in out, out[-4000:]
+    assert_stopped_resumably(out, 2)
     steps = [[line for line in log if not line.startswith("end")] for log in _files(cluster, "preempted", "log")]
     assert len(steps[0]) == len(steps[1]) == 8  # the note travels with the next step's gradients
     assert sorted(os.listdir(cluster.path("hostA", "work", "preempted", "checkpoints"))) == [
