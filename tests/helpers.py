@@ -88,15 +88,15 @@ def rank_lines(output, marker):
     return found
 
 
-def assert_stopped_resumably(output, np):
-    """Asserts that horovodrun's `output` shows its `np` ranks stopped with status 75 (a preemption's stop).
+def assert_stopped_resumably(output, ranks):
+    """Asserts that horovodrun's `output` shows its `ranks` ranks stopped with status 75 (a preemption's stop).
 
     horovodrun names the first rank to end, with its status, then stops the others through the shells it
     started them in: a rank that itself ended with 75 a moment later can be listed with its shell's 143.
     """
     first = re.search(r"The first process to do so was:\s*Process name: (\d+)\s*Exit code: (-?\d+)", output)
     assert first and first.group(2) == "75", output[-4000:]
-    for rank in range(np):
+    for rank in range(ranks):
         listed = re.findall(rf"Process {rank} exit with status code (-?\d+)\.", output)
         allowed = [["75"]] if rank == int(first.group(1)) else [["75"], ["143"]]
         assert listed in allowed, (rank, listed, output[-4000:])
