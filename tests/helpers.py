@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _horovodrun():
     return horovodrun_path()
+
+
+def interrupt_and_wait(proc, timeout=60):
+    """Sends `proc` Ctrl-C (SIGINT) and returns its (stdout, stderr) once it ends; fails the test, with what
+    it printed, when it has not ended within `timeout` seconds (it is killed then)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the interrupted process did not exit within {timeout} s\n{out}\n{err}")
 
 
 def job_output(cmd, start, *, timeout, expect_fail=False):

@@ -184,3 +184,23 @@ def test_end_does_not_wait_for_ever_for_a_clean_up_that_is_stuck():
         sh.end(75, "ending")
     """)
     assert proc.returncode == 75 and proc.stderr.endswith("ending"), proc.stderr
+
+
+def test_an_interrupt_listener_hears_each_ctrl_c_from_the_watch_thread_while_the_main_thread_gets_keyboardinterrupt():
+    proc = _run("""
+        import threading
+        heard = []
+        sh.watch()
+        sh.on_interrupt(lambda: heard.append(threading.current_thread().name))
+        for _ in range(2):
+            try:
+                signal.raise_signal(signal.SIGINT)
+                time.sleep(5)
+            except KeyboardInterrupt:
+                print("KeyboardInterrupt", flush=True)
+        time.sleep(0.2)
+        print(heard, flush=True)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["KeyboardInterrupt", "KeyboardInterrupt",
+                                        "['kfast-signal-watch', 'kfast-signal-watch']"], proc.stdout

@@ -3,8 +3,9 @@ chaining the disposition it replaced, and each feature registers what it needs.
 
 - The loaders free their shared memory and the fork server's directory before SIGTERM or SIGHUP ends the
   process (`on_termination`, from `kfast.data._workers.signals`).
-- The Ctrl-C watch notes each signal as it arrives, even while the main thread is stuck in the framework
-  (`watch`, `interrupted`, `termination`, from `kfast.data._workers.interrupt`).
+- The Ctrl-C watch notes each signal as it arrives, even while the main thread is stuck in the framework,
+  and tells who asked of each Ctrl-C (`watch`, `interrupted`, `termination`, `on_interrupt`, from
+  `kfast.data._workers.interrupt`).
 - Preemption catches its signals during `fit` and starts its timer as one arrives (`catch`, from
   `kfast.distributed.preemption`).
 - `kfast launch` passes SIGINT, SIGTERM and SIGHUP on to horovodrun while it waits, and answers a scheduler's
@@ -56,6 +57,7 @@ _owner: int | None = None  # the pid whose features registered here; a forked ch
 _previous: dict[int, Any] = {}  # signal -> the disposition kfast's handler replaced
 _catchers: dict[int, list[Catcher]] = {}
 _cleanups: list[Callable[[], None]] = []
+_listeners: list[Callable[[], None]] = []  # told of each SIGINT by the watch thread
 _ending = False
 _watching = False
 _last_interrupt = 0.0  # monotonic time of the last SIGINT the watch saw
@@ -195,6 +197,19 @@ def catch(signums: Iterable[int], catcher: Catcher) -> Catch | None:
     return Catch(signums, catcher)
 
 
+def on_interrupt(listener: Callable[[], None]) -> None:
+    """Calls `listener()` from the watch thread each time Ctrl-C (SIGINT) arrives; the signal keeps doing what
+    it did (KeyboardInterrupt in the main thread). Registering the same function again changes nothing.
+
+    Args:
+        listener: called with no arguments, outside the main thread; it must return promptly.
+    """
+    with _lock:
+        _own()
+        if listener not in _listeners:
+            _listeners.append(listener)
+
+
 def ignore_terminations(only_kfast: bool = False) -> None:
     """Ignores SIGTERM and SIGHUP from now on (with `only_kfast`, where kfast's handler had them): the process
     is ending on its own terms, and a signal now (horovodrun's, when a peer exits) must not change how."""
@@ -287,6 +302,11 @@ def _watch(reader: socket.socket, writer: socket.socket, before: int) -> None:
             return
         if signal.SIGINT in data:
             _last_interrupt = time.monotonic()
+            for listener in list(_listeners):
+                try:
+                    listener()
+                except Exception:  # noqa: BLE001 - a listener's failure must not stop the watch
+                    pass
         arrived = [s for s in data if s in TERMINATING]
         if arrived and _termination is None:
             _termination = (arrived[0], time.monotonic())
@@ -327,6 +347,7 @@ def _forget_in_child() -> None:
     _owner, _ending, _watching, _last_interrupt, _termination = None, False, False, 0.0, None
     _catchers.clear()
     _cleanups.clear()
+    _listeners.clear()
     try:
         signal.set_wakeup_fd(-1)
     except ValueError:

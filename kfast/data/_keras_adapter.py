@@ -54,7 +54,9 @@ def install() -> bool:
         import keras
 
         from kfast.data import _keras_calls
+        from kfast.data import _keras_guard
 
+        _keras_guard.install(keras.Model)  # Ctrl-C ends a script's stuck call within a bound (innermost)
         _keras_calls.install(keras.Model)  # what evaluate and predict read (see that module's NOTE)
         _installed = True
         return True

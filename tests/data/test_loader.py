@@ -1,5 +1,4 @@
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import pytest
 
 import datasets
 from helpers import REPO
+from helpers import interrupt_and_wait
 from kfast.data import ArrayDataset
 from kfast.data import FastLoader
 from kfast.data import WorkerError
@@ -264,13 +264,7 @@ def _interrupt_and_check(proc):
     assert len(workers) >= 2, _tree(parent)
     descendants = parent.children(recursive=True)  # workers, fork server, resource tracker
     time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"the interrupted process did not exit within 60 s\n{out}\n{err}")
+    _, err = interrupt_and_wait(proc)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     gone, alive = psutil.wait_procs(descendants, timeout=10)
     assert not alive, alive

@@ -12,27 +12,129 @@ final garbage collection, so the process is ended instead, as an unhandled Ctrl-
 (workers, shared memory, the fork server's directory), then exit status 130, as a shell reports for
 Ctrl-C. A SIGTERM or SIGHUP that kfast's handler would answer by closing the loaders and dying is answered
 the same way by the waiting loader (`terminated`, then `signals.end_by`).
+
+The framework can also get stuck after Ctrl-C without any loader waiting (CI once saw a script's `fit` over
+a FastLoader neither raise nor end for a minute after Ctrl-C, with no Python traceback). So each Keras call
+over a FastLoader is marked while it runs (`keras_call`, from `kfast.data._keras_guard`); in a script, a
+Ctrl-C that finds such calls under way starts a timer, and if one of them is still under way when it runs
+out (`stop_bound()`, 20 s unless `KFAST_CTRL_C_BOUND_S` says otherwise; 0 turns it off), every thread's
+Python stack is written to stderr and the process ends as above. A call that raises or returns in time, as
+when the script catches the KeyboardInterrupt and goes on, is left alone; and a Ctrl-C that ended a Keras call
+counts as answered, so a loader waiting later (the script's handler evaluates) does not act on it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import itertools
+import os
 import signal
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import NoReturn
 
 from kfast._core import signal_handling
 
-# Starts the watch of arriving signals; only possible from the main thread (elsewhere it does nothing).
-install = signal_handling.watch
+BOUND_VARIABLE = "KFAST_CTRL_C_BOUND_S"
+_DEFAULT_BOUND_S = 20.0
+
+_calls_lock = threading.Lock()
+_calls: dict[int, str] = {}  # token -> the Keras call ("fit", ...) under way over a FastLoader
+_tokens = itertools.count()
+_settled = 0.0  # monotonic time the last Keras call over a FastLoader ended: a Ctrl-C before it was answered
+_answer_pending = False  # a call ended with KeyboardInterrupt before the watch thread noted its Ctrl-C
+
+
+def install() -> None:
+    """Starts the watch of arriving signals (only from the main thread; elsewhere it does nothing) and has
+    Ctrl-C check that the Keras calls under way stop in time.
+
+    Raises:
+        ValueError: for a `KFAST_CTRL_C_BOUND_S` that is not a number (said here, not at Ctrl-C).
+    """
+    stop_bound()
+    signal_handling.watch()
+    signal_handling.on_interrupt(_heard_interrupt)
+
+
+def stop_bound() -> float | None:
+    """Seconds a Keras call over a FastLoader has to stop after Ctrl-C in a script; None when turned off."""
+    text = os.environ.get(BOUND_VARIABLE, "").strip()
+    try:
+        bound = float(text) if text else _DEFAULT_BOUND_S
+    except ValueError:
+        raise ValueError(f"{BOUND_VARIABLE}={text!r} is not a number of seconds; set it to one (0 turns the bound "
+                         f"off), or unset it for the default of {_DEFAULT_BOUND_S:g} s.") from None
+    return bound if bound > 0 else None
+
+
+@contextlib.contextmanager
+def keras_call(kind: str) -> Iterator[None]:
+    """Marks a Keras `kind` call ("fit", "evaluate", "predict") over a FastLoader as under way."""
+    token = next(_tokens)
+    with _calls_lock:
+        _calls[token] = kind
+    global _settled, _answer_pending
+    started = time.monotonic()
+    try:
+        yield
+    except KeyboardInterrupt:
+        # The Ctrl-C behind it is answered. The watch thread may note it a moment after the main thread raised
+        # it: then the note settles it (`_heard_interrupt`).
+        with _calls_lock:
+            _answer_pending = not signal_handling.interrupted(started, 0.0)
+        raise
+    finally:
+        with _calls_lock:
+            _calls.pop(token, None)
+            _settled = time.monotonic()
+
+
+def _heard_interrupt() -> None:
+    """From the watch thread, at each Ctrl-C (just noted): settles one the main thread already answered; in a
+    script, times the Keras calls under way."""
+    global _settled, _answer_pending
+    with _calls_lock:
+        if _answer_pending:
+            _answer_pending, _settled = False, time.monotonic()
+            return
+        under_way = dict(_calls)
+    bound = stop_bound() if under_way and not interactive() else None  # a notebook survives Ctrl-C
+    if bound is None:
+        return
+    timer = threading.Timer(bound, _check_stopped, (under_way, bound))
+    timer.daemon = True
+    timer.start()
+
+
+def _check_stopped(under_way: dict[int, str], bound: float) -> None:
+    with _calls_lock:
+        stuck = [kind for token, kind in under_way.items() if token in _calls]
+    if not stuck:
+        return
+    sys.stderr.write(f"\nkfast: Keras's {stuck[0]}() over a FastLoader has not stopped {bound:g} s after Ctrl-C. "
+                     "Where every thread is:\n")
+    try:
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    except (AttributeError, OSError, ValueError):
+        pass  # a stderr without a file descriptor: the message below still says what happened
+    end_process(f"Ctrl-C, and {stuck[0]}() did not stop within {bound:g} s ({BOUND_VARIABLE}): it is stuck in the "
+                "framework. FastLoader closed its workers and ended the process.")
 
 
 def since(start: float, grace: float) -> bool:
     """True when SIGINT arrived after monotonic time `start`, at least `grace` seconds ago.
 
     The grace leaves the main thread time to raise its own KeyboardInterrupt, which is the clean way out
-    whenever it is not stuck waiting for this loader.
+    whenever it is not stuck waiting for this loader. A Ctrl-C before the last Keras call over a FastLoader
+    ended does not count: the main thread answered it (a script that catches KeyboardInterrupt and evaluates
+    in its handler must not be ended by it).
     """
-    return signal_handling.interrupted(start, grace)
+    return signal_handling.interrupted(max(start, _settled), grace)
 
 
 def terminated(grace: float) -> int | None:

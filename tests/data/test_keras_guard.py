@@ -1,0 +1,106 @@
+"""Ctrl-C during a Keras call over a FastLoader ends a script within a bound (kfast.data._keras_guard)."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import psutil
+import pytest
+
+from helpers import REPO
+from helpers import interrupt_and_wait
+from kfast.data import _keras_adapter
+from kfast.data import _keras_guard
+from kfast.data import ArrayDataset
+from kfast.data import FastLoader
+
+_SCRIPT = (
+    "import sys, time, keras\n"
+    f"sys.path.insert(0, {os.path.join(REPO, 'tests')!r})\n"
+    "import datasets\n"
+    "from kfast.data import FastLoader\n"
+    "class Stuck(keras.callbacks.Callback):\n"
+    "    def on_train_batch_end(self, batch, logs=None):\n"
+    "        if batch != 3:\n"
+    "            return\n"
+    "        said = False\n"
+    "        while True:  # stands for a framework op that never returns after Ctrl-C\n"
+    "            try:\n"
+    "                if not said:\n"
+    "                    said = True\n"
+    "                    print('stuck', flush=True)\n"
+    "                time.sleep(3600)\n"
+    "            except KeyboardInterrupt:\n"
+    "                pass\n"
+    "class Interrupted(keras.callbacks.Callback):\n"
+    "    def on_train_batch_end(self, batch, logs=None):\n"
+    "        if batch == 3:\n"
+    "            print('stuck', flush=True)\n"
+    "            time.sleep(3600)\n"
+    "if __name__ == '__main__':\n"
+    "    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])\n"
+    "    model.compile('sgd', 'mse')\n"
+    "    loader = FastLoader(datasets.Squares(n=20), workers=2)\n"
+    "    if sys.argv[1] == 'stuck':\n"
+    "        model.fit(loader, epochs=100, verbose=0, callbacks=[Stuck()])\n"
+    "    try:\n"
+    "        model.fit(loader, epochs=100, verbose=0, callbacks=[Interrupted()])\n"
+    "    except KeyboardInterrupt:\n"
+    "        time.sleep(4)  # longer than the bound: the script's own clean-up after Ctrl-C\n"
+    "        print('went on', model.evaluate(loader, verbose=0) >= 0, flush=True)\n")
+
+
+def _run_and_interrupt(tmp_path, case):
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KFAST_CTRL_C_BOUND_S": "2"}
+    proc = subprocess.Popen([sys.executable, str(script), case], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "stuck", proc.stderr.read() if proc.poll() is not None else ""
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        out, err = interrupt_and_wait(proc)
+        return proc.returncode, out, err, (proc.pid, descendants)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.timeout(150)
+def test_a_fit_stuck_after_ctrl_c_ends_the_script_with_its_stacks_and_frees_everything(tmp_path):
+    status, out, err, (pid, descendants) = _run_and_interrupt(tmp_path, "stuck")
+    assert status == 130, err
+    assert "fit() did not stop within 2 s (KFAST_CTRL_C_BOUND_S)" in err, err
+    assert "in on_train_batch_end" in err, err  # where the main thread was stuck
+    _, alive = psutil.wait_procs(descendants, timeout=10)
+    assert not alive, alive
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"kfast_{pid}_")]  # its own
+
+
+@pytest.mark.timeout(150)
+def test_a_script_that_catches_ctrl_c_goes_on_past_the_bound(tmp_path):
+    status, out, err, _ = _run_and_interrupt(tmp_path, "caught")
+    assert status == 0, err
+    assert out.strip() == "went on True", err
+    assert "did not stop" not in err
+
+
+def test_a_bound_that_is_not_a_number_is_an_error_naming_the_variable(monkeypatch):
+    import numpy as np
+
+    monkeypatch.setenv("KFAST_CTRL_C_BOUND_S", "twenty")
+    with pytest.raises(ValueError, match="KFAST_CTRL_C_BOUND_S='twenty' is not a number of seconds"):
+        FastLoader(ArrayDataset(np.zeros((4, 1)), batch_size=2), workers=1, use_multiprocessing=False)
+
+
+def test_keras_still_has_the_calls_kfast_guards_and_each_is_guarded_once():
+    assert _keras_adapter.install()
+    guard = _keras_guard._wrap(lambda model: None, "fit").__code__
+    for kind in ("fit", "evaluate", "predict"):
+        method, guards = getattr(keras.Model, kind), 0
+        while method is not None:
+            guards += getattr(method, "__code__", None) is guard
+            method = getattr(method, "__wrapped__", None)
+        assert guards == 1, kind
