@@ -302,6 +302,7 @@ def _watch(reader: socket.socket, writer: socket.socket, before: int) -> None:
             return
         if signal.SIGINT in data:
             _last_interrupt = time.monotonic()
+        for _ in range(data.count(signal.SIGINT)):  # one read can hold several
             for listener in list(_listeners):
                 try:
                     listener()
