@@ -300,9 +300,10 @@ def _watch(reader: socket.socket, writer: socket.socket, before: int) -> None:
             return
         if not data:
             return
-        if signal.SIGINT in data:
+        interrupts = data.count(signal.SIGINT)  # one read can hold several
+        if interrupts:
             _last_interrupt = time.monotonic()
-        for _ in range(data.count(signal.SIGINT)):  # one read can hold several
+        for _ in range(interrupts):
             for listener in list(_listeners):
                 try:
                     listener()

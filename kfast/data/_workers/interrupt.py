@@ -74,11 +74,10 @@ def stop_bound() -> float | None:
 @contextlib.contextmanager
 def keras_call(kind: str) -> Iterator[None]:
     """Marks a Keras `kind` call ("fit", "evaluate", "predict") over a FastLoader as under way."""
-    token = next(_tokens)
+    global _settled, _answer_pending
+    token, started = next(_tokens), time.monotonic()
     with _calls_lock:
         _calls[token] = kind
-    global _settled, _answer_pending
-    started = time.monotonic()
     try:
         yield
     except KeyboardInterrupt:
