@@ -7,9 +7,10 @@ from typing import Any
 
 import keras
 
+from kfast._core import keras_reads
 from kfast._core.checks import check_int
 from kfast._core import topology
-from kfast.distributed import _horovod
+from kfast.distributed import collectives as _horovod  # the router (kfast/distributed/collectives.py)
 from kfast.distributed.optimizer import unwrap_for_saving
 from kfast.distributed.steps import check_equal_steps
 
@@ -23,6 +24,10 @@ class BroadcastState(keras.callbacks.Callback):
     first batch: its state is then broadcast right after that batch, as Horovod's own callback does, so
     every rank still trains on identical weights from the second step on. It also turns off XLA for the
     model, since Horovod's collectives have no XLA kernels, and says so once.
+
+    It checks, at the end of the first part of each epoch that trains, that `fit` did not train on a FastLoader
+    that every rank reads whole (one built without `training=True`): each rank would train on every batch, so
+    it raises a ValueError naming the fix, on every rank alike.
 
     First of all it checks that every rank's epoch has the same number of steps (each step ends in an
     allreduce, so a rank with one step more would wait for ever): unequal or unknown counts raise
@@ -73,6 +78,32 @@ class BroadcastState(keras.callbacks.Callback):
             optimizer.build(self.model.trainable_variables)
         state = list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
         _horovod.broadcast_variables(state, root_rank=self.root_rank)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._reads_before = keras_reads.whole_reads()
+        self._checking = _horovod.size() > 1 and not topology.one_step_for_all()
+        keras_reads.training_window(True)
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._training_read()  # fit's validation: the training part of the epoch is over
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._training_read()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        keras_reads.training_window(False)
+
+    def _training_read(self) -> None:
+        keras_reads.training_window(False)
+        if not getattr(self, "_checking", False):
+            return
+        self._checking = False
+        if keras_reads.whole_reads() != self._reads_before:
+            raise ValueError(
+                f"fit() trained on a FastLoader that each of the {_horovod.size()} ranks reads whole: every rank "
+                "trained on every batch. Build the data fit trains on with kfast.data.FastLoader(dataset, "
+                "training=True), which gives each rank its own shard (and shuffles it each epoch); keep "
+                "FastLoader(dataset) for evaluate, predict and validation_data.")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if getattr(self, "_pending", False):

@@ -8,8 +8,9 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfast._core import keras_reads
 from kfast._core import topology
-from kfast.distributed import _horovod
+from kfast.distributed import collectives as _horovod  # the router (kfast/distributed/collectives.py)
 from kfast.distributed.metric_state import sum_metric_states
 
 
@@ -24,14 +25,14 @@ class MetricAverage(keras.callbacks.Callback):
     Put it before callbacks that read `logs` (checkpoints, early stopping, CSV and TensorBoard loggers)
     so they all see the global numbers. Every rank issues the same collectives, in sorted-name order.
 
-    Evaluation: with it among the callbacks of `fit` or `evaluate`, a FastLoader gives each rank its share
-    of the batches (every batch once; a tf.data pipeline needs `kfast.data.shard(data, rank, size,
-    mode="all")`), and the metrics' states (a Mean's total and count, AUC's counts) are summed over ranks
-    before Keras computes the results: `val_` values in `fit`, and what `evaluate` returns, are exact and
-    the same on every rank, whatever the shards' sizes. Without it, a FastLoader is read whole on every rank
-    (see the scale-out guide). A metric class of your own must keep state that adds up over samples (a
-    total and a count do; a running maximum does not). Standalone `evaluate` needs data whose length Keras
-    knows (the sum happens after the last batch); otherwise it warns and returns this rank's own.
+    Evaluation: a FastLoader that is not training data is read whole on every rank, so its results are one
+    process's already and nothing is summed. Over data each rank reads a part of (a tf.data pipeline sharded
+    with `kfast.data.shard(data, rank, size, mode="all")`: every batch once over the ranks), the metrics'
+    states (a Mean's total and count, AUC's counts) are summed over ranks before Keras computes the results:
+    `val_` values in `fit`, and what `evaluate(..., callbacks=[MetricAverage()])` returns, are exact and the
+    same on every rank, whatever the shards' sizes. A metric class of your own must keep state that adds up
+    over samples (a total and a count do; a running maximum does not). Standalone `evaluate` needs data whose
+    length Keras knows (the sum happens after the last batch); otherwise it warns and returns this rank's own.
 
     Example:
 
@@ -46,15 +47,12 @@ class MetricAverage(keras.callbacks.Callback):
     'epoch,loss,val_loss'
     """
 
-    # Read by kfast's wrap of Keras's evaluate: a FastLoader then gives each rank its share of the batches
-    # (every batch once) instead of the whole set, and these sums make the result exact.
-    sums_metric_states = True
-
     def __init__(self) -> None:
         super().__init__()
         self._in_fit = False
         self._last_step: int | None = None
         self._validation: dict[str, float] = {}
+        self._reads_before = 0
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._in_fit, self._validation = True, {}
@@ -67,6 +65,7 @@ class MetricAverage(keras.callbacks.Callback):
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         # A standalone evaluate's params count its own steps; fit's validation is settled in on_test_end.
+        self._reads_before = keras_reads.whole_reads()
         steps = None if self._in_fit else self.params.get("steps")
         self._last_step = steps - 1 if steps else None
         if not self._in_fit and steps is None and _horovod.size() > 1:
@@ -76,15 +75,22 @@ class MetricAverage(keras.callbacks.Callback):
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Keras reads the metrics' results right after the last batch: their states are summed just before.
-        if batch == self._last_step:
+        if batch == self._last_step and self._per_rank():
             sum_metric_states(self.model)
 
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._in_fit and _horovod.size() > 1:
-            sum_metric_states(self.model)
+            if self._per_rank():
+                sum_metric_states(self.model)
             results = self.model.get_metrics_result()
             self._validation = {f"val_{k}": float(keras.ops.convert_to_numpy(v)) for k, v in results.items()
                                 if np.ndim(keras.ops.convert_to_numpy(v)) == 0}
+
+    def _per_rank(self) -> bool:
+        """Whether this evaluation read per-rank parts: no FastLoader read whole on every rank since it began (a
+        sum over data every rank read whole would count each sample once per rank). Every rank read the same
+        kinds of data, so every rank decides alike and the collectives match."""
+        return keras_reads.whole_reads() == self._reads_before
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None or _horovod.size() == 1 or topology.one_step_for_all():

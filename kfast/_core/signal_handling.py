@@ -61,6 +61,9 @@ _listeners: list[Callable[[], None]] = []  # told of each SIGINT by the watch th
 _ending = False
 _watching = False
 _last_interrupt = 0.0  # monotonic time of the last SIGINT the watch saw
+_answered = 0.0  # monotonic time the main thread last ran the SIGINT handler (it was back in Python code)
+_hears_answers = False  # SIGINT goes through `_handle`, which records the main thread's answer
+_ANSWER_SLACK_S = 1.0  # the handler can run just before the watch thread notes the same signal
 _termination: tuple[int, float] | None = None  # (signal, monotonic time) of the first SIGTERM or SIGHUP
 _END_BOUND_S = 10.0  # the longest `end` waits for the clean-ups (the loaders' shutdown takes about a second)
 
@@ -77,6 +80,9 @@ def _own() -> None:
 # -- the handler --------------------------------------------------------------------------------------
 
 def _handle(signum: int, frame: Any) -> None:
+    global _answered
+    if signum == signal.SIGINT:
+        _answered = time.monotonic()  # Python runs handlers in the main thread, between its bytecodes
     previous = _previous.get(signum, signal.SIG_DFL)
     if os.getpid() != _owner:
         _act_as(previous, signum, frame)
@@ -128,6 +134,8 @@ def _install(signum: int, over_anything: bool) -> bool:
 def _release(signum: int) -> None:
     """Puts the replaced disposition back when no feature needs kfast's handler for `signum` any more."""
     if _catchers.get(signum) or _cleans_up(signum) or signum not in _previous:
+        return
+    if signum == signal.SIGINT and _hears_answers:
         return
     previous = _previous.pop(signum)
     if signal.getsignal(signum) is _handle:
@@ -208,6 +216,30 @@ def on_interrupt(listener: Callable[[], None]) -> None:
         _own()
         if listener not in _listeners:
             _listeners.append(listener)
+
+
+def hear_answers() -> None:
+    """Has SIGINT pass through kfast's handler (which then does what the previous disposition did), so that
+    `answered` can tell whether the main thread got back to Python code after a Ctrl-C. Main thread only;
+    elsewhere it does nothing."""
+    global _hears_answers
+    if not _main_thread():
+        return
+    with _lock:
+        _own()
+        if _install(signal.SIGINT, over_anything=True):
+            _hears_answers = True
+
+
+def answered(arrived: float) -> bool:
+    """True when the main thread ran the SIGINT handler for a Ctrl-C the watch noted at monotonic `arrived` (or
+    later): it was back in Python code, not stuck inside the framework."""
+    return _answered >= arrived - _ANSWER_SLACK_S
+
+
+def last_interrupt() -> float:
+    """Monotonic time of the last Ctrl-C the watch thread noted (0.0 for none)."""
+    return _last_interrupt
 
 
 def ignore_terminations(only_kfast: bool = False) -> None:

@@ -9,7 +9,7 @@ from collections import deque
 from typing import Any
 
 from kfast.data import position
-from kfast.data._loader_order import TRAIN, EpochPlan, LoaderOrder
+from kfast.data._loader_order import EpochPlan, LoaderOrder
 from kfast.data.position import EpochOrder
 
 
@@ -23,11 +23,8 @@ class Cursor:
         self.last_shuffled = shuffled
         self.keras: deque[Any] = deque()  # iterations Keras began and has not ended, oldest first
 
-    def begin(self, shuffled: bool, reading: str = TRAIN) -> EpochPlan:
-        """The plan of the iteration beginning now: the loaded position's rest, else the next epoch. An
-        evaluation (`reading` WHOLE or SHARE) reads in index order and leaves the position where it was."""
-        if reading != TRAIN:
-            return self.order.plan(self.next_epoch, False, reading)
+    def begin(self, shuffled: bool) -> EpochPlan:
+        """The plan of the iteration beginning now: the loaded position's rest, else the next epoch."""
         if self.resume is not None:
             plan, self.resume = self.resume, None
             return plan
@@ -40,7 +37,7 @@ class Cursor:
         """`FastLoader.state_dict()`, with `current` the loader's latest iteration (or None)."""
         if self.resume is not None:
             view = self.order.view(self.resume, 0)
-        elif current is not None and not current.stale and not current.done and current.plan.reading == TRAIN:
+        elif current is not None and not current.stale and not current.done:
             view = self.order.view(current.plan, current.served)
         else:
             view = self.order.next_view(self.next_epoch, self.last_shuffled)

@@ -112,8 +112,7 @@ def load_ahead(loader: Any, it: EpochIterator, room: int) -> None:
         return
     ahead = loader._ahead
     if ahead is None or ahead.after is not it:
-        # The next iteration reads as this one did: an evaluation is followed by the next evaluation.
-        plan = loader._order.plan(loader._cursor.next_epoch, it.plan.shuffled, it.plan.reading)
+        plan = loader._order.plan(loader._cursor.next_epoch, it.plan.shuffled)
         ahead = loader._ahead = Ahead(it, plan, [])
     while len(ahead.seqs) < min(room, len(ahead.plan.indices)):
         ahead.seqs.append(loader._stream.submit(ahead.plan.indices[len(ahead.seqs)], ahead.plan.epoch))

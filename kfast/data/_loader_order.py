@@ -13,12 +13,6 @@ from kfast.data._shard_checks import check_enough
 from kfast.data.position import EpochOrder
 from kfast.data.sharding import ShardedDataset
 
-# What an iteration reads (see NOTE [ Evaluation reads the whole set ] in kfast.data._keras_adapter):
-TRAIN = "train"  # this rank's shard, the same number of batches on every rank (training)
-WHOLE = "whole"  # every batch of the dataset, in index order (evaluate, predict, fit's validation)
-SHARE = "share"  # batches rank, rank + size, ... up to the end: every batch once over the ranks, whose counts
-#                  may differ by one (evaluation whose metric states a callback sums over the ranks)
-
 
 @dataclasses.dataclass(frozen=True)
 class EpochPlan:
@@ -30,7 +24,6 @@ class EpochPlan:
     start: int
     indices: tuple[int, ...]
     resumed: EpochOrder | None = None  # the recorded order this plan goes on from
-    reading: str = TRAIN  # TRAIN, or an evaluation's WHOLE or SHARE (no part of the loader's position)
 
 
 class LoaderOrder:
@@ -56,21 +49,8 @@ class LoaderOrder:
         """The dataset index of this rank's batch `local` (0 <= local < n)."""
         return self.rank + self.size * local if self.sharded == position.OWN else local
 
-    def indices(self, reading: str) -> range:
-        """The dataset indices an evaluation reading `reading` (WHOLE or SHARE) reads, in order; a
-        `ShardedDataset` passed in keeps its own layout."""
-        if reading == SHARE and self.sharded == position.OWN:
-            return range(self.rank, self.total, self.size)
-        return range(self.total)
-
-    def count(self, reading: str) -> int:
-        """Batches of an iteration reading `reading`."""
-        return self.n if reading == TRAIN else len(self.indices(reading))
-
-    def plan(self, epoch: int, shuffled: bool, reading: str = TRAIN) -> EpochPlan:
-        """The whole of epoch `epoch`, from its first batch (an evaluation's, for `reading` WHOLE or SHARE)."""
-        if reading != TRAIN:
-            return EpochPlan(epoch, False, 0, tuple(self.indices(reading)), reading=reading)
+    def plan(self, epoch: int, shuffled: bool) -> EpochPlan:
+        """The whole of epoch `epoch`, from its first batch."""
         local = np.random.default_rng([self.seed, epoch]).permutation(self.n) if shuffled else np.arange(self.n)
         return EpochPlan(epoch, shuffled, 0, tuple(self.dataset_index(int(i)) for i in local))
 

@@ -13,12 +13,11 @@ from kfast._core.checks import check_int, check_number
 from kfast._core import topology
 from kfast.data import position
 from kfast.data._epoch import Ahead, EpochIterator
-from kfast.data._keras_adapter import install as _install_keras_hook
 from kfast.data._keras_epochs import KerasEpochs
 from kfast.data._cursor import Cursor
 from kfast.data._loader_args import MAX_TASKS_PER_WORKER, capped_workers, default_seed
 from kfast.data._loader_args import default_workers, length, overrides
-from kfast.data._loader_order import TRAIN, LoaderOrder
+from kfast.data._loader_order import LoaderOrder
 from kfast.data._stream import Stream
 from kfast.data._workers import interrupt
 from kfast.data._workers import signals
@@ -120,9 +119,10 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
     [[0, 1], [2, 3], [4, 5]]
     """
 
-    def __init__(self, dataset: Any, *, workers: int | None = None, use_multiprocessing: bool = True,
-                 max_queue_size: int | None = None, shuffle: bool | None = None, seed: int | None = None,
-                 timeout: float | None = None, rank: int | None = None, size: int | None = None) -> None:
+    def __init__(self, dataset: Any, *, training: bool = False, workers: int | None = None,
+                 use_multiprocessing: bool = True, max_queue_size: int | None = None, shuffle: bool | None = None,
+                 seed: int | None = None, timeout: float | None = None, rank: int | None = None,
+                 size: int | None = None, class_weight: dict[int, float] | None = None) -> None:
         # Keras must see a plain single-worker PyDataset, or it would wrap this loader in its own pool;
         # hence kfast's own settings live under other attribute names than PyDataset's.
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
@@ -142,8 +142,16 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
         check_int("FastLoader", "seed", seed, least=0, or_none="for a seed drawn from Python's random")
         check_number("FastLoader", "timeout", timeout, above=0, unit="seconds",
                      or_none="to wait (with a warning every minute)")
-        size = topology.size() if size is None else size
-        rank = topology.rank() if rank is None else rank
+        if not isinstance(training, bool):
+            raise ValueError(f"FastLoader got training={training!r}; pass True for the data fit trains on, False for "
+                             "data to evaluate or predict on.")
+        if class_weight is not None and not isinstance(class_weight, dict):
+            raise ValueError(f"FastLoader got class_weight={class_weight!r}; pass a dict {{class index: weight}}.")
+        # Training data is sharded over the job's ranks; anything else is read whole on every Horovod rank. On the
+        # JAX engine one step is one program over every process's part of a global batch, for every call.
+        shards = training or topology.one_step_for_all()
+        size = (topology.size() if shards else 1) if size is None else size
+        rank = (topology.rank() if shards and size > 1 else 0) if rank is None else rank
         check_int("FastLoader", "size", size, hint="the number of ranks sharing the dataset")
         check_int("FastLoader", "rank", rank, least=0, hint=f"this process's rank, below size={size}")
         if rank >= size:
@@ -155,7 +163,14 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
             raise ValueError(f"FastLoader got a dataset of length {total}; it needs at least one batch.")
         if shuffle is not None and not isinstance(shuffle, bool):
             raise ValueError(f"FastLoader got shuffle={shuffle!r}; pass True, False, or None to follow fit(shuffle=...).")
+        if topology.one_step_for_all() and size > 1 and not training and total % size:
+            raise ValueError(
+                f"FastLoader got a dataset of {total} batches to evaluate or predict on over {size} JAX processes; each "
+                f"step is one program over all of them, so every process needs as many batches, all full: give it a "
+                f"multiple of {size} batches (with batches of B samples, a multiple of {size} x B samples).")
         self.shuffle = shuffle
+        self.training = training
+        self.class_weight = class_weight
         # Each rank serves its own shard (see kfast.data.position for why not a ShardedDataset).
         self._order = LoaderOrder(dataset, total, rank, size, default_seed() if seed is None else int(seed))
         self.timeout = timeout
@@ -164,14 +179,15 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
         self._queue_size = max_queue_size
         self._lock = threading.RLock()
         self._stream = Stream(self)
-        self._cursor = Cursor(self._order, bool(shuffle), seed is not None)
+        self._cursor = Cursor(self._order, self._shuffled(), seed is not None)
         self._current: EpochIterator | None = None
         self._ahead: Ahead | None = None
         self._quiet: Any = None  # the warnings filter of a resumed Keras epoch
-        self._readings: list[str] = []  # what Keras's evaluate/predict calls under way read (innermost last)
+        self._signature: Any = None  # the tf.data signature of the batches, once asked for
+        self._read_token: int | None = None  # while a Keras loop reads this loader (kfast.data._workers.interrupt)
+        self._warned_shard = False
         interrupt.install()
         signals.watch(self)
-        _install_keras_hook()
 
     # -- settings ---------------------------------------------------------------------------------------
 
@@ -279,9 +295,9 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
 
     def __iter__(self) -> Iterator[Any]:
         """A new epoch: its batches in the loader's order (the rest of a loaded state's epoch first)."""
-        return self._iterate(bool(self.shuffle))
+        return self._iterate(self._shuffled())
 
-    def _iterate(self, shuffled: bool, reading: str = TRAIN) -> EpochIterator:
+    def _iterate(self, shuffled: bool) -> EpochIterator:
         with self._lock:
             previous = self._current
             if previous is not None and not previous.finished:
@@ -289,7 +305,7 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
                     previous.finish()  # every batch handed out; only the look past its end was not asked for
                 else:
                     self._abandon(previous)
-            plan = self._cursor.begin(shuffled, reading)
+            plan = self._cursor.begin(shuffled)
             ahead, self._ahead = self._ahead, None  # see kfast.data._epoch.load_ahead
             stream = self._stream
             adopted = ahead.seqs if ahead is not None and ahead.plan == plan else []
@@ -326,19 +342,18 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
             self._stream.update_dataset(self.dataset)
 
     def __len__(self) -> int:
-        return self._order.count(self._reading)
+        return self._order.n
 
     def __getitem__(self, index: int) -> Any:
-        """Batch `index` of this loader's shard (of what Keras's `evaluate` or `predict` reads, inside one),
-        loaded by a worker."""
-        n, reading = len(self), self._reading
+        """Batch `index` of what this loader reads (its shard, for training data under several ranks), in index
+        order, loaded by a worker."""
+        n = len(self)
         if not -n <= index < n:
             raise IndexError(f"FastLoader index {index} is out of range for {n} batches.")
         with self._lock:
             it = self._current
             epoch = it.plan.epoch if it is not None and not it.finished else self._cursor.next_epoch
-            at = self._order.dataset_index(index % n) if reading == TRAIN else self._order.indices(reading)[index % n]
-            return self._stream.lookup(at, epoch)
+            return self._stream.lookup(self._order.dataset_index(index % n), epoch)
 
     # -- lifetime -------------------------------------------------------------------------------------
 

@@ -14,26 +14,24 @@ Ctrl-C. A SIGTERM or SIGHUP that kfast's handler would answer by closing the loa
 the same way by the waiting loader (`terminated`, then `signals.end_by`).
 
 The framework can also get stuck after Ctrl-C without any loader waiting (CI once saw a script's `fit` over
-a FastLoader neither raise nor end for a minute after Ctrl-C, with no Python traceback). So each Keras call
-over a FastLoader is marked while it runs (`keras_call`, from `kfast.data._keras_guard`); in a script, a
-Ctrl-C that finds such calls under way starts a timer, and if one of them is still under way when it runs
-out (`stop_bound()`, 20 s unless `KFAST_CTRL_C_BOUND_S` says otherwise; 0 turns it off), every thread's
-Python stack is written to stderr and the process ends as above. A call that raises or returns in time, as
-when the script catches the KeyboardInterrupt and goes on, is left alone; and a Ctrl-C that ended a Keras call
-counts as answered, so a loader waiting later (the script's handler evaluates) does not act on it.
+a FastLoader neither raise nor end for a minute after Ctrl-C, with no Python traceback: the main thread never
+got back to Python code to raise it). So SIGINT passes through kfast's handler, which notes that the main thread
+ran it (`signal_handling.hear_answers`), and a FastLoader counts as read by Keras between its data adapter's
+`on_epoch_begin` and `on_epoch_end` (`keras_read_begins`). In a script, a Ctrl-C that comes while Keras reads a
+FastLoader starts a timer; if the main thread has not run the handler when it runs out (`stop_bound()`, 20 s
+unless `KFAST_CTRL_C_BOUND_S` says otherwise; 0 turns it off), every thread's Python stack is written to stderr
+and the process ends as above. A main thread that answered, as when the script catches the KeyboardInterrupt
+and goes on (even to evaluate in its handler), is left alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import itertools
 import os
 import signal
 import sys
 import threading
-import time
-from collections.abc import Iterator
 from typing import NoReturn
 
 from kfast._core import signal_handling
@@ -41,11 +39,9 @@ from kfast._core import signal_handling
 BOUND_VARIABLE = "KFAST_CTRL_C_BOUND_S"
 _DEFAULT_BOUND_S = 20.0
 
-_calls_lock = threading.Lock()
-_calls: dict[int, str] = {}  # token -> the Keras call ("fit", ...) under way over a FastLoader
+_reads_lock = threading.Lock()
+_reads: set[int] = set()  # tokens of the Keras epochs under way over a FastLoader
 _tokens = itertools.count()
-_settled = 0.0  # monotonic time the last Keras call over a FastLoader ended: a Ctrl-C before it was answered
-_answer_pending = False  # a call ended with KeyboardInterrupt before the watch thread noted its Ctrl-C
 
 
 def install() -> None:
@@ -57,6 +53,7 @@ def install() -> None:
     """
     stop_bound()
     signal_handling.watch()
+    signal_handling.hear_answers()
     signal_handling.on_interrupt(_heard_interrupt)
 
 
@@ -71,57 +68,46 @@ def stop_bound() -> float | None:
     return bound if bound > 0 else None
 
 
-@contextlib.contextmanager
-def keras_call(kind: str) -> Iterator[None]:
-    """Marks a Keras `kind` call ("fit", "evaluate", "predict") over a FastLoader as under way."""
-    global _settled, _answer_pending
-    token, started = next(_tokens), time.monotonic()
-    with _calls_lock:
-        _calls[token] = kind
-    try:
-        yield
-    except KeyboardInterrupt:
-        # The Ctrl-C behind it is answered. The watch thread may note it a moment after the main thread raised
-        # it: then the note settles it (`_heard_interrupt`).
-        with _calls_lock:
-            _answer_pending = not signal_handling.interrupted(started, 0.0)
-        raise
-    finally:
-        with _calls_lock:
-            _calls.pop(token, None)
-            _settled = time.monotonic()
+def keras_read_begins() -> int:
+    """Marks a Keras epoch over a FastLoader as under way; returns its token for `keras_read_ends`."""
+    token = next(_tokens)
+    with _reads_lock:
+        _reads.add(token)
+    return token
+
+
+def keras_read_ends(token: int) -> None:
+    """Marks the Keras epoch of `token` as over."""
+    with _reads_lock:
+        _reads.discard(token)
 
 
 def _heard_interrupt() -> None:
-    """From the watch thread, at each Ctrl-C (just noted): settles one the main thread already answered; in a
-    script, times the Keras calls under way."""
-    global _settled, _answer_pending
-    with _calls_lock:
-        if _answer_pending:
-            _answer_pending, _settled = False, time.monotonic()
-            return
-        under_way = dict(_calls)
-    bound = stop_bound() if under_way and not interactive() else None  # a notebook survives Ctrl-C
+    """From the watch thread, at each Ctrl-C (just noted): in a script where Keras reads a FastLoader, times the
+    main thread's answer."""
+    with _reads_lock:
+        reading = bool(_reads)
+    bound = stop_bound() if reading and not interactive() else None  # a notebook survives Ctrl-C
     if bound is None:
         return
-    timer = threading.Timer(bound, _check_stopped, (under_way, bound))
+    timer = threading.Timer(bound, _check_answered, (signal_handling.last_interrupt(), bound))
     timer.daemon = True
     timer.start()
 
 
-def _check_stopped(under_way: dict[int, str], bound: float) -> None:
-    with _calls_lock:
-        stuck = [kind for token, kind in under_way.items() if token in _calls]
-    if not stuck:
+def _check_answered(arrived: float, bound: float) -> None:
+    with _reads_lock:
+        reading = bool(_reads)
+    if not reading or signal_handling.answered(arrived):
         return
-    sys.stderr.write(f"\nkfast: Keras's {stuck[0]}() over a FastLoader has not stopped {bound:g} s after Ctrl-C. "
-                     "Where every thread is:\n")
+    sys.stderr.write(f"\nkfast: Ctrl-C {bound:g} s ago has not reached Python's main thread, which is inside a Keras "
+                     "call reading a FastLoader. Where every thread is:\n")
     try:
         sys.stderr.flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     except (AttributeError, OSError, ValueError):
         pass  # a stderr without a file descriptor: the message below still says what happened
-    end_process(f"Ctrl-C, and {stuck[0]}() did not stop within {bound:g} s ({BOUND_VARIABLE}): it is stuck in the "
+    end_process(f"Ctrl-C, and the Keras call did not stop within {bound:g} s ({BOUND_VARIABLE}): it is stuck in the "
                 "framework. FastLoader closed its workers and ended the process.")
 
 
@@ -129,11 +115,10 @@ def since(start: float, grace: float) -> bool:
     """True when SIGINT arrived after monotonic time `start`, at least `grace` seconds ago.
 
     The grace leaves the main thread time to raise its own KeyboardInterrupt, which is the clean way out
-    whenever it is not stuck waiting for this loader. A Ctrl-C before the last Keras call over a FastLoader
-    ended does not count: the main thread answered it (a script that catches KeyboardInterrupt and evaluates
-    in its handler must not be ended by it).
+    whenever it is not stuck waiting for this loader. A Ctrl-C the main thread answered does not count (a script
+    that catches KeyboardInterrupt and evaluates in its handler must not be ended by it).
     """
-    return signal_handling.interrupted(max(start, _settled), grace)
+    return signal_handling.interrupted(start, grace) and not signal_handling.answered(signal_handling.last_interrupt())
 
 
 def terminated(grace: float) -> int | None:
