@@ -7,8 +7,10 @@ VENV := .venv
 STAMP := $(VENV)/.kfast-setup-done
 SETUP_INPUTS := setup.cfg pyproject.toml constraints.txt scripts/setup_env.sh scripts/install_horovod.sh
 GPU_VENV := .venv-gpu-build
-# Keras on JAX and on PyTorch (CPU builds), without TensorFlow: the tests of what kfast offers on every backend.
-BACKEND_STAMPS := .venv-jax/.kfast-setup-done .venv-torch/.kfast-setup-done
+# Keras on JAX and on PyTorch (CPU builds), without TensorFlow: the tests of what kfast offers on every backend;
+# and .venv-nightly, .venv-jax with the next Keras (keras-nightly at the dated build in constraints-nightly.txt).
+NIGHTLY_STAMP := .venv-nightly/.kfast-setup-done
+BACKEND_STAMPS := .venv-jax/.kfast-setup-done .venv-torch/.kfast-setup-done $(NIGHTLY_STAMP)
 BACKEND_INPUTS := setup.cfg pyproject.toml constraints.txt constraints-backends.txt scripts/setup_backend_env.sh
 # The slow tiers (pytest markers, registered in setup.cfg and given in tests/conftest.py): `make check` runs
 # every test that has none of them.
@@ -22,7 +24,7 @@ define phases
 status=0; for phase in $(1); do eval "$$phase" || status=1; done; exit $$status
 endef
 
-.PHONY: demo test check docs setup multihost-setup gpu-build-check backend-setup test-backends clean
+.PHONY: demo test check docs setup multihost-setup gpu-build-check backend-setup test-backends test-nightly clean
 
 setup: $(STAMP)
 
@@ -55,6 +57,9 @@ $(BACKEND_STAMPS): $(BACKEND_INPUTS)
 	bash scripts/setup_backend_env.sh $(patsubst .venv-%/.kfast-setup-done,%,$@)
 	touch $@
 
+# Moving the nightly pin redoes .venv-nightly alone.
+$(NIGHTLY_STAMP): constraints-nightly.txt
+
 # The tests marked `backends` (tests/conftest.py's BACKEND_MODULES), with Keras on JAX and on PyTorch.
 # PyTorch's OpenMP threads spin while they wait: on a busy 2-core machine they stretched the tests' 1 ms steps
 # to as much as 120 ms and flipped timing verdicts, so its run computes on one thread.
@@ -63,7 +68,16 @@ test-backends: $(BACKEND_STAMPS)
 	  'KERAS_BACKEND=jax .venv-jax/bin/pytest $(PARALLEL) -m "backends and not timing"' \
 	  'KERAS_BACKEND=jax .venv-jax/bin/pytest -m "backends and timing"' \
 	  'KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest $(PARALLEL) -m "backends and not timing"' \
-	  'KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest -m "backends and timing"')
+	  'KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest -m "backends and timing"' \
+	  '$(MAKE) --no-print-directory test-nightly')
+
+# The JAX tier on the next Keras (.venv-nightly): the tests marked `backends` but the JAX engine's, then the JAX
+# engine's (tests/distributed/test_jax_engine.py, the only `backends` tests that are also `distributed`), so that a
+# Keras change shows before the release that carries it. The `timing` tests measure the machine, not Keras: not here.
+test-nightly: $(NIGHTLY_STAMP)
+	@$(call phases, \
+	  'KERAS_BACKEND=jax .venv-nightly/bin/pytest $(PARALLEL) -m "backends and not timing and not distributed"' \
+	  'KERAS_BACKEND=jax .venv-nightly/bin/pytest $(PARALLEL) -m "backends and distributed and not timing"')
 
 # The fast tier: no job of several ranks, no harness, no whole recipe, docs site or type check.
 check: $(STAMP)
@@ -78,4 +92,4 @@ test: $(STAMP) multihost-setup gpu-build-check backend-setup
 	  '$(MAKE) --no-print-directory test-backends')
 
 clean:
-	rm -rf $(VENV) $(GPU_VENV) .venv-jax .venv-torch build site *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) .venv-jax .venv-torch .venv-nightly build site *.egg-info

@@ -56,7 +56,7 @@ def steps_per_s(clock):
 
 def plain(dataset):
     model, clock = build(), EpochClock()
-    with kfast.data.FastLoader(dataset, workers=1, use_multiprocessing=False) as loader:
+    with kfast.data.FastLoader(dataset, training=True, workers=1, use_multiprocessing=False) as loader:
         model.fit(loader, epochs=EPOCHS, verbose=0, callbacks=[kfast.callbacks.BroadcastState(), clock])
     return steps_per_s(clock)
 

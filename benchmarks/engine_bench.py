@@ -51,7 +51,7 @@ class Steps(keras.callbacks.Callback):
 
 
 timer = Steps()
-loader = kfast.data.FastLoader(kfast.data.ArrayDataset(x, y, batch_size=batch), workers=1)
+loader = kfast.data.FastLoader(kfast.data.ArrayDataset(x, y, batch_size=batch), training=True, workers=1)
 # "watch": with a checkpoint directory, so RankZeroCheckpoint watches SIGTERM and every step ends in the vote.
 callbacks = kfast.distributed.default_callbacks(out + ".ckpt" if watch else None, warmup_epochs=0, monitor="loss")
 callbacks += [timer]

@@ -24,7 +24,7 @@ def main(rounds=9, steps=300):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * 64, 32)).astype("float32")
     y = x.sum(axis=1, keepdims=True)
-    loader = kfast.data.FastLoader(kfast.data.ArrayDataset(x, y, batch_size=64), workers=1,
+    loader = kfast.data.FastLoader(kfast.data.ArrayDataset(x, y, batch_size=64), training=True, workers=1,
                                    use_multiprocessing=False)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)])

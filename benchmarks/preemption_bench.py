@@ -61,7 +61,7 @@ def overhead(rounds):
     times = {c: [] for c in CONFIGS}
     directory = tempfile.mkdtemp(prefix="kfast-preempt-bench-")
     data = kfast.data.ArrayDataset(x, y, batch_size=32, shuffle=True, seed=0)
-    with kfast.data.FastLoader(data, workers=2, use_multiprocessing=False, seed=0) as loader:
+    with kfast.data.FastLoader(data, training=True, workers=2, use_multiprocessing=False, seed=0) as loader:
         model.fit(loader, epochs=1, verbose=0)  # compile and warm the loader
         for _ in range(rounds):
             for config in CONFIGS:

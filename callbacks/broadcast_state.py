@@ -10,7 +10,7 @@ import keras
 from kfast._core import keras_reads
 from kfast._core.checks import check_int
 from kfast._core import topology
-from kfast.distributed import collectives as _horovod  # the router (kfast/distributed/collectives.py)
+from kfast.distributed import collectives
 from kfast.distributed.optimizer import unwrap_for_saving
 from kfast.distributed.steps import check_equal_steps
 
@@ -55,14 +55,14 @@ class BroadcastState(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         unwrap_for_saving(self.model)  # the user's own model.save then opens in plain Keras
-        if _horovod.size() == 1:
+        if collectives.size() == 1:
             return
         check_equal_steps(self.params.get("steps"))
         if self.model.jit_compile and not topology.one_step_for_all():  # JAX's steps are XLA's own
             self.model.jit_compile = False
             self.model.make_train_function(force=True)
             self.model.make_test_function(force=True)
-            if not self._warned and _horovod.is_chief():
+            if not self._warned and collectives.is_chief():
                 warnings.warn("kfast turned XLA off for this model (jit_compile=False): Horovod's collectives "
                               "cannot run inside XLA. Pass jit_compile=False to compile() to silence this.",
                               stacklevel=2)
@@ -77,11 +77,11 @@ class BroadcastState(keras.callbacks.Callback):
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         state = list(self.model.variables) + (list(optimizer.variables) if optimizer is not None else [])
-        _horovod.broadcast_variables(state, root_rank=self.root_rank)
+        collectives.broadcast_variables(state, root_rank=self.root_rank)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._reads_before = keras_reads.whole_reads()
-        self._checking = _horovod.size() > 1 and not topology.one_step_for_all()
+        self._checking = collectives.size() > 1 and not topology.one_step_for_all()
         keras_reads.training_window(True)
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -100,7 +100,7 @@ class BroadcastState(keras.callbacks.Callback):
         self._checking = False
         if keras_reads.whole_reads() != self._reads_before:
             raise ValueError(
-                f"fit() trained on a FastLoader that each of the {_horovod.size()} ranks reads whole: every rank "
+                f"fit() trained on a FastLoader that each of the {collectives.size()} ranks reads whole: every rank "
                 "trained on every batch. Build the data fit trains on with kfast.data.FastLoader(dataset, "
                 "training=True), which gives each rank its own shard (and shuffles it each epoch); keep "
                 "FastLoader(dataset) for evaluate, predict and validation_data.")

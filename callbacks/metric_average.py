@@ -10,7 +10,7 @@ import numpy as np
 
 from kfast._core import keras_reads
 from kfast._core import topology
-from kfast.distributed import collectives as _horovod  # the router (kfast/distributed/collectives.py)
+from kfast.distributed import collectives
 from kfast.distributed.metric_state import sum_metric_states
 
 
@@ -68,9 +68,9 @@ class MetricAverage(keras.callbacks.Callback):
         self._reads_before = keras_reads.whole_reads()
         steps = None if self._in_fit else self.params.get("steps")
         self._last_step = steps - 1 if steps else None
-        if not self._in_fit and steps is None and _horovod.size() > 1:
+        if not self._in_fit and steps is None and collectives.size() > 1:
             warnings.warn("MetricAverage cannot tell when this evaluate ends (the data has no length Keras knows), so "
-                          f"it returns rank {_horovod.rank()}'s own metrics; give the data a length (a PyDataset, or "
+                          f"it returns rank {collectives.rank()}'s own metrics; give the data a length (a PyDataset, or "
                           "tf.data with a known cardinality) or pass steps=.", stacklevel=2)
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -79,7 +79,7 @@ class MetricAverage(keras.callbacks.Callback):
             sum_metric_states(self.model)
 
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
-        if self._in_fit and _horovod.size() > 1:
+        if self._in_fit and collectives.size() > 1:
             if self._per_rank():
                 sum_metric_states(self.model)
             results = self.model.get_metrics_result()
@@ -93,10 +93,10 @@ class MetricAverage(keras.callbacks.Callback):
         return keras_reads.whole_reads() == self._reads_before
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if logs is None or _horovod.size() == 1 or topology.one_step_for_all():
+        if logs is None or collectives.size() == 1 or topology.one_step_for_all():
             return  # on the JAX engine the step ran over the whole job's batch (kfast/distributed/_jax.py)
         # Validation values come from the summed states (on_test_end); the rest is averaged over ranks.
         names = [k for k in _numeric(logs) if k not in self._validation]
         if names:
-            logs.update(zip(names, _horovod.allreduce_mean_values([float(logs[k]) for k in names])))
+            logs.update(zip(names, collectives.allreduce_mean_values([float(logs[k]) for k in names])))
         logs.update({k: v for k, v in self._validation.items() if k in logs})

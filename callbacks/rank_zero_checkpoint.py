@@ -17,7 +17,7 @@ from kfast._core.messages import print_msg
 
 from kfast.distributed import _checkpoint_files as files
 from kfast.distributed import checkpoint
-from kfast.distributed import _horovod
+from kfast.distributed import collectives
 from kfast.distributed import preemption
 from kfast.distributed._checkpoint_files import Position
 from kfast.distributed._checkpoint_paths import FileNames, checked_directory
@@ -165,9 +165,9 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self._warned_missing = False
         # On every rank: the user's own model.save then writes a file plain Keras opens, as these checkpoints are.
         unwrap_for_saving(self.model)
-        problem = self._check_writable() if _horovod.is_chief() else None
+        problem = self._check_writable() if collectives.is_chief() else None
         # All ranks raise together: a rank left alone would wait in the first collective for ever.
-        problem = _horovod.broadcast_object(problem, root_rank=0)
+        problem = collectives.broadcast_object(problem, root_rank=0)
         if problem:
             raise ValueError(problem)
         point = checkpoint.restore_point(self.model)
@@ -194,7 +194,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
             self._watch = None
 
     def _remove_own_partial(self) -> None:
-        if _horovod.is_chief():
+        if collectives.is_chief():
             files.remove_partial(self.directory, pid=os.getpid())
 
     def _resolve(self, required: bool) -> None:
@@ -283,7 +283,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         self._stop(preemption.Preempted(name, path, self._epoch, trained))
 
     def _stop(self, stopped: preemption.Preempted) -> None:
-        if _horovod.is_chief():
+        if collectives.is_chief():
             print_msg(f"\nkfast: {stopped}.")
         self.model.stop_training = True
         if self._watch is not None:
@@ -312,6 +312,9 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         ahead = batch is None and at is not None  # a step checkpoint before this fit's first batch of the epoch
         position = Position(epoch, cast(int, at)) if ahead else self._position(epoch, batch)
         # Every rank: each one's data view and metric state (one collective; all ranks save at the same step).
+        # Reading `self.model` has Keras's JAX trainer put the step's values back into the model's variables,
+        # which it keeps apart while fit runs; without it a step checkpoint read emptied metric variables.
+        self._data.model = self.model
         data = self._data.gather(-1 if ahead else batch, finished=position.batch == 0 and not ahead)
         # The file names count the epoch's batches, those trained before a resume included.
         shown = None if batch is None and not ahead else self._data.offset() + (-1 if batch is None else batch)
@@ -320,7 +323,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         value = logs.get(self.monitor) if self.monitor else None
         if self.monitor and value is None and not self._warned_missing and not step_file:
             self._warned_missing = True
-            if _horovod.is_chief():
+            if collectives.is_chief():
                 kind = "epoch" if batch is None else "batch"
                 warnings.warn(f"RankZeroCheckpoint monitors {self.monitor!r}, which is not in the {kind} logs (they "
                               f"hold {sorted(logs)}); {self._names.best} is not written. Pass validation data or "
@@ -330,7 +333,7 @@ class RankZeroCheckpoint(keras.callbacks.Callback):
         if improved and value is not None:  # improved implies a value; this says so to the type checker
             self._best = float(value)
         path = self._last_path = os.path.join(self.directory, name)
-        if not _horovod.is_chief():
+        if not collectives.is_chief():
             return path
         best = {"monitor": self.monitor, "mode": self._mode, "value": self._best} if self.monitor else None
         checkpoint.save_atomic(self.model, path, position=position, best=best, data=data)

@@ -133,15 +133,15 @@ def array_datasets(x: np.ndarray, y: np.ndarray, train_rows: np.ndarray, val_row
     return train, ArrayDataset(x[val_rows], y[val_rows], batch_size=args.batch_size)
 
 
-def loader_for(dataset, args, *, shuffle=True, like=None):
-    """A FastLoader over `dataset` (sharded per rank), with `--workers`, the settings of loader `like`, or
-    settings tuned on this host."""
+def loader_for(dataset, args, *, training=True, like=None):
+    """A FastLoader over `dataset` (training data: shuffled, sharded per rank; else read whole on every rank), with
+    `--workers`, the settings of loader `like`, or settings tuned on this host."""
     from kfast.data import FastLoader
 
     if like is not None:
-        return FastLoader(dataset, shuffle=shuffle, seed=args.seed, **like.settings)
+        return FastLoader(dataset, training=training, seed=args.seed, **like.settings)
     if args.workers:
-        return FastLoader(dataset, workers=args.workers, shuffle=shuffle, seed=args.seed)
+        return FastLoader(dataset, training=training, workers=args.workers, seed=args.seed)
     settings = None
     if distributed.local_rank() == 0:
         from kfast.tuning import tune
@@ -150,7 +150,7 @@ def loader_for(dataset, args, *, shuffle=True, like=None):
         settings = tune(dataset, budget_s=8, max_workers=max(1, cores)).settings
     # Ranks tune once per job and share the answer: tuning on every rank at once would measure contention.
     settings = distributed.broadcast_object(settings, root_rank=0)
-    return FastLoader(dataset, shuffle=shuffle, seed=args.seed, **settings)
+    return FastLoader(dataset, training=training, seed=args.seed, **settings)
 
 
 def assemble(model, train, val, args, monitor="val_loss"):
@@ -162,7 +162,7 @@ def assemble(model, train, val, args, monitor="val_loss"):
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
                   jit_compile=False if keras.backend.backend() == "tensorflow" else "auto")
     train_loader = loader_for(train, args)
-    val_loader = loader_for(val, args, shuffle=False, like=train_loader)
+    val_loader = loader_for(val, args, training=False, like=train_loader)
     # An elastic job builds its loaders anew at each change: its monitor counts from the batch size instead.
     recipe = finish(model, train_loader, val_loader, args, monitor, counted=None if args.elastic else train_loader)
     if args.elastic:

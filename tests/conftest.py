@@ -37,7 +37,7 @@ BACKEND_MODULES = frozenset({
     "tests/test_backends.py", "tests/test_diagnose.py", "tests/test_diagnose_data.py", "tests/test_tune.py",
     "tests/test_gpu_check.py", "tests/data/test_loader.py", "tests/data/test_loader_robustness.py",
     "tests/data/test_fill.py", "tests/data/test_loader_order.py", "tests/callbacks/test_monitors.py",
-    "tests/data/test_loader_state.py", "tests/data/test_keras_adapter.py", "tests/data/test_keras_calls.py",
+    "tests/data/test_loader_state.py", "tests/data/test_keras_seam.py",
     "tests/data/test_loader_batch_sizes.py", "tests/test_plan_memory_xla.py",
 })
 

@@ -9,7 +9,8 @@ import pytest
 
 from kfast.env import doctor
 from kfast import nvml
-from kfast.distributed import _horovod
+from kfast._core import topology
+from kfast.distributed import collectives
 
 BACKEND = keras.backend.backend()
 
@@ -22,12 +23,11 @@ def test_keras_runs_on_the_backend_this_run_asked_for():
 @pytest.fixture
 def elsewhere(monkeypatch):
     """kfast.distributed, fresh, with Keras on a backend that has no engine (PyTorch: this one, or pretended)."""
-    monkeypatch.setattr(_horovod, "_initialised", False)
-    monkeypatch.setattr(_horovod, "_hvd", None)
+    monkeypatch.setattr(topology, "_current", None)  # init() not run yet (the topology keeps that fact)
     for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
         monkeypatch.delenv(name, raising=False)
     if BACKEND != "torch":
-        monkeypatch.setattr(_horovod, "_keras_backend", lambda: "torch")
+        monkeypatch.setattr(collectives, "_keras_backend", lambda: "torch")
     return "torch"
 
 
@@ -36,17 +36,17 @@ def test_distributed_under_horovodrun_needs_the_tensorflow_backend(elsewhere, mo
     with pytest.raises(RuntimeError, match=rf"Horovod on Keras's TensorFlow backend or with Keras's own distribution "
                                            rf"on its JAX backend, but this process runs Keras on {elsewhere}\. Set "
                                            "KERAS_BACKEND=tensorflow"):
-        _horovod.init()
-    assert not _horovod.is_initialized()
+        collectives.init()
+    assert not collectives.is_initialized()
 
 
 def test_distributed_without_horovodrun_says_why_it_runs_as_one_process(elsewhere):
     with pytest.warns(UserWarning, match=rf"runs Keras on {elsewhere}\. .*; running as a single process"):
-        _horovod.init()
-    assert (_horovod.rank(), _horovod.size(), _horovod.is_chief()) == (0, 1, True)
+        collectives.init()
+    assert (collectives.rank(), collectives.size(), collectives.is_chief()) == (0, 1, True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _horovod.init()  # a second call is quiet
+        collectives.init()  # a second call is quiet
 
 
 def test_doctor_says_what_works_on_this_backend():

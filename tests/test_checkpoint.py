@@ -291,3 +291,40 @@ def test_load_model_refuses_a_file_without_an_optimizer(tmp_path):
     model.save(str(tmp_path / "uncompiled.keras"))
     with pytest.raises(ValueError, match=r"uncompiled\.keras'?, which holds no optimizer .*kfast\.DistributedOptimizer"):
         checkpoint.load_model(str(tmp_path / "uncompiled.keras"))
+
+
+def test_a_checkpoint_holds_the_loaders_own_state_and_restore_hands_it_back_old_format_too(tmp_path):
+    # One state format (issue 46): the checkpoint's data position is FastLoader.state_dict()'s versioned form,
+    # which restore() hands to load_state_dict(); a file written before it ("order", an EpochOrder) still reads.
+    from kfast.data.position import order_of
+
+    x, y = _data()  # 32 rows: 8 batches of 4
+    keras.utils.set_random_seed(0)
+    model = _compiled(_mnist_like())
+    dataset = kfast.data.ArrayDataset(x, y, batch_size=4)
+    with kfast.data.FastLoader(dataset, training=True, seed=11, workers=1, use_multiprocessing=False) as loader:
+        epoch = [b[1].tolist() for b in loader]  # epoch 0's order, as fit reads it next (a new loader: same seed)
+    with kfast.data.FastLoader(dataset, training=True, seed=11, workers=1, use_multiprocessing=False) as loader:
+        model.fit(loader, epochs=1, verbose=0, callbacks=[kfast.callbacks.RankZeroCheckpoint(
+            str(tmp_path), monitor=None, save_freq=3, preemption_signals=None, loader=loader)])
+    for name in os.listdir(tmp_path):  # keep the checkpoint 3 batches into the epoch
+        if name != "epoch-0001-batch-0003.keras" and name.endswith(".keras"):
+            os.remove(tmp_path / name)
+    path = tmp_path / "epoch-0001-batch-0003.keras"
+    with zipfile.ZipFile(path) as z:
+        state = json.loads(z.read("kfast-state.json"))
+    saved = state["data"]["loader"]
+    assert saved["version"] == 1 and saved["batches_done"] == 3 and saved["seeds"] == [11]
+
+    def rest():
+        fresh = _compiled(_mnist_like())
+        with kfast.data.FastLoader(dataset, training=True, seed=99, workers=1, use_multiprocessing=False) as again:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the recorded seed replaces the given one, with a warning
+                checkpoint.restore(fresh, str(tmp_path), loader=again)
+            return [b[1].tolist() for b in again]
+
+    assert rest() == epoch[3:]
+    old = dict(state, data={"order": order_of(saved, 0, 1).as_dict(), "metrics": state["data"]["metrics"]})
+    rewrite_state(path, old)
+    assert rest() == epoch[3:]

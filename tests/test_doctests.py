@@ -37,4 +37,4 @@ def test_docstring_examples_run(name, tmp_path, monkeypatch):
 
 def test_only_examples_that_need_a_cluster_or_a_gpu_are_skipped():
     skipped = sorted(name for name, path in _modules().items() if "doctest: +SKIP" in _read(path))
-    assert skipped == ["kfast.distributed._horovod", "kfast.env.preflight", "kfast.nvml"], skipped
+    assert skipped == ["kfast.distributed.collectives", "kfast.env.preflight", "kfast.nvml"], skipped

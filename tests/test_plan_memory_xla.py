@@ -56,23 +56,43 @@ BOUNDS = {"mlp": (-0.10, 0.10), "cnn": (-0.10, 0.10), "transformer": (-0.10, 0.1
 MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
 
 
+def _attention_read_inside():
+    """Whether this Keras's MultiHeadAttention runs on KerasTensors, so that kfast reads what it keeps."""
+    from kfast.planning.layer_calls import trace
+
+    x = keras.Input((8, 16))
+    model = keras.Model(x, keras.layers.MultiHeadAttention(2, 8)(x, x))
+    return not any(call.unread for call in trace(model, keras.KerasTensor((2, 8, 16)))[0])
+
+
+# Keras 3.16 (keras-nightly) computes MultiHeadAttention's scores with a backend function that KerasTensors cannot
+# enter, so kfast counts the layer as one and says so (a warning): the transformer's estimate misses the
+# attention buffers there. Strict: the day Keras's layer runs on KerasTensors again, these pass and say so.
+_UNREAD = pytest.mark.xfail(not _attention_read_inside(), strict=True, raises=UserWarning,
+                            reason="this Keras's MultiHeadAttention does not run on KerasTensors")
+
+
+def _models():
+    return [pytest.param(name, marks=_UNREAD) if name == "transformer" else name for name in sorted(MODELS)]
+
+
 def _batch(model, size):
     spec = model.inputs[0]
     x = np.zeros((size,) + tuple(spec.shape[1:]), keras.backend.standardize_dtype(spec.dtype))
     return x, np.zeros((size,), "int32")
 
 
-def test_the_prediction_is_the_same_on_every_backend():
+@pytest.mark.parametrize("name", _models())
+def test_the_prediction_is_the_same_on_every_backend(name):
     # Read from the layers on symbolic tensors, the prediction does not depend on the backend that traced them.
     expected = {"mlp": 196608, "cnn": 8585216, "transformer": 15204352}  # activations at batch 16
-    for name, build in MODELS.items():
-        model = build()
-        assert estimate_memory(model, _batch(model, 16)).activations == expected[name], name
+    model = MODELS[name]()
+    assert estimate_memory(model, _batch(model, 16)).activations == expected[name], name
 
 
 if ON_JAX:
     @pytest.mark.parametrize("batch_size", [16, 64, 256])
-    @pytest.mark.parametrize("name", sorted(MODELS))
+    @pytest.mark.parametrize("name", _models())
     def test_the_prediction_is_within_its_bound_of_xlas_compiled_step(name, batch_size):
         keras.utils.set_random_seed(0)
         model = MODELS[name]()

@@ -144,7 +144,7 @@ def test_the_cycle_check_counts_what_python_runs(tmp_path):
         "kfast.data._workers.ring"}
     probe.write_text("from kfast.data import FastLoader\nimport kfast\n\ndef f():\n    kfast.distributed.rank()\n")
     assert _imports("kfast.cli.probe", probe, modules, lazy) == {
-        "kfast.data", "kfast.data.loader", "kfast.distributed", "kfast.distributed._horovod"}
+        "kfast.data", "kfast.data.loader", "kfast.distributed", "kfast.distributed.collectives"}
     # A module's own packages started running before it did: they are not edges.
     probe.write_text("from kfast.distributed import _horovod\n")
     assert _imports("kfast.distributed.probe", probe, modules, lazy) == {"kfast.distributed._horovod"}
@@ -173,11 +173,29 @@ def test_no_import_cycle_among_kfast_modules():
         if m not in state:
             visit(m)
     # The ground floor: the topology imports nothing of kfast; the JAX engine only the topology and Slurm's count
-    # lists, Horovod's module the topology and the JAX engine (it hands over to it on Keras's JAX backend).
+    # lists, Horovod's module only the topology; the router (NOTE [ The engine boundary ]) the topology and both.
     assert graph["kfast._core.topology"] == set()
     assert graph["kfast.distributed._jax"] == {"kfast._core", "kfast._core.topology", "kfast.cluster",
                                                "kfast.cluster.nodelist"}
-    assert graph["kfast.distributed._horovod"] == {"kfast._core", "kfast._core.topology", "kfast.distributed._jax"}
+    assert graph["kfast.distributed._horovod"] == {"kfast._core", "kfast._core.topology"}
+    assert graph["kfast.distributed.collectives"] == {"kfast._core", "kfast._core.topology",
+                                                      "kfast.distributed._horovod", "kfast.distributed._jax"}
+
+
+# Modules that import an engine's module itself rather than the router, each with its reason.
+ENGINE_IMPORTERS = {
+    "kfast.distributed.collectives": "the router",
+    "kfast.distributed.elastic": "Horovod's elastic driver (elastic_api, restart), which only Horovod has",
+    "kfast.env.horovod_build": "reports the Horovod build (import_horovod)",
+    "kfast.cluster.jax_processes": "the JAX launcher sets the variables the JAX engine reads (their names)",
+}
+
+
+def test_every_caller_reaches_the_engines_through_the_router():
+    graph = _graph()
+    engines = {"kfast.distributed._horovod", "kfast.distributed._jax"}
+    importers = {m for m, deps in graph.items() if deps & engines} - engines
+    assert importers == set(ENGINE_IMPORTERS), importers
 
 
 def test_no_module_is_over_400_lines():

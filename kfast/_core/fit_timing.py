@@ -27,6 +27,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfast._core import keras_private
 from kfast._core.tf_datasets import is_tf_dataset
 
 
@@ -161,7 +162,7 @@ def _unbuilt(model: keras.Model, metrics: bool = False) -> bool:
     if metrics and any(getattr(model, name, None) is not None and not getattr(model, name).built
                        for name in ("_compile_metrics", "_compile_loss")):
         return True
-    return not model.built or not all(layer.built for layer in model._flatten_layers())
+    return not model.built or not all(layer.built for layer in keras_private.sublayers(model, recursive=True))
 
 
 def build_from_batch(model: keras.Model, batch: Any, caller: str = "kfast", metrics: bool = False) -> None:

@@ -231,6 +231,12 @@ def hear_answers() -> None:
             _hears_answers = True
 
 
+def hears_answers() -> bool:
+    """Whether SIGINT still passes through kfast's handler (a handler installed after it takes Ctrl-C over, and
+    `answered` then cannot tell)."""
+    return _hears_answers and signal.getsignal(signal.SIGINT) is _handle
+
+
 def answered(arrived: float) -> bool:
     """True when the main thread ran the SIGINT handler for a Ctrl-C the watch noted at monotonic `arrived` (or
     later): it was back in Python code, not stuck inside the framework."""

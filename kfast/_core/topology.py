@@ -3,11 +3,13 @@
 NOTE [ Who owns the topology ]
 
 This module owns one piece of state, the *current topology*: an object that answers `rank()`, `size()`,
-`local_rank()` and `local_size()`. It starts as the single-process topology (rank 0 of 1, alone on its
-host), so everything runs unchanged as one process. The engine that starts a multi-process job makes its
-own topology current with `set_current`: today `kfast.distributed.init()` does, for Horovod; a JAX engine
-will do the same. Nothing else writes it. Everyone else only reads it, through the functions below, so
-`kfast.data`, `kfast.diagnosis` and `kfast.distributed` see one answer without importing an engine.
+`local_rank()` and `local_size()`. Until `kfast.distributed.init()` runs there is none, and readers see the
+single-process topology (rank 0 of 1, alone on its host), so everything runs unchanged as one process. The
+engine that `init()` starts makes its own topology current with `set_current` (Horovod's, or the JAX
+processes'), or the single-process one when it finds one process; nothing else writes it. So whether
+`init()` ran is one fact, kept here: `is_initialized()` (the public `kfast.distributed.is_initialized`).
+Everyone else only reads the topology, through the functions below, so `kfast.data`, `kfast.diagnosis` and
+`kfast.distributed` see one answer without importing an engine.
 
 An engine's topology answers live rather than as a snapshot: an elastic job changes rank and size when its
 ranks re-form, so readers ask each time instead of caching.
@@ -89,17 +91,18 @@ class SingleProcess:
 
 
 SINGLE_PROCESS = SingleProcess()
-_current: Topology = SINGLE_PROCESS  # see NOTE [ Who owns the topology ]: written by set_current only
+# See NOTE [ Who owns the topology ]: written by set_current only; None until kfast.distributed.init() ran.
+_current: Topology | None = None
 
 
 def set_current(topology: Topology | None) -> None:
-    """Makes `topology` the one every reader sees; for the engine that starts the job.
+    """Makes `topology` the one every reader sees, and marks the job started; for the engine that starts it.
 
-    `kfast.distributed.init()` calls it once Horovod runs. Training code reads the topology and never
-    sets it.
+    `kfast.distributed.init()` calls it once its engine runs (with `SINGLE_PROCESS` when it found one
+    process). Training code reads the topology and never sets it.
 
     Args:
-        topology: the engine's topology; `None` goes back to the single-process one.
+        topology: the engine's topology; `None` goes back to the start: one process, `init()` not run.
 
     Raises:
         TypeError: when `topology` lacks `rank`, `size`, `local_rank` or `local_size`.
@@ -120,7 +123,7 @@ def set_current(topology: Topology | None) -> None:
     if topology is not None and not isinstance(topology, Topology):
         raise TypeError(f"set_current got {topology!r}; it needs an object with rank(), size(), local_rank() and "
                         "local_size() methods (a kfast._core.topology.Topology), or None for a single process.")
-    _current = SINGLE_PROCESS if topology is None else topology
+    _current = topology
 
 
 def current() -> Topology:
@@ -131,18 +134,23 @@ def current() -> Topology:
     >>> current()
     SingleProcess()
     """
-    return _current
+    return SINGLE_PROCESS if _current is None else _current
 
 
 def is_initialized() -> bool:
-    """Returns True while an engine's topology is current (False for a single process).
+    """Returns True once `kfast.distributed.init()` ran in this process (an engine set the topology), also
+    when it found a single process: `kfast.distributed.is_initialized` is this function.
 
     Example:
 
     >>> is_initialized()
     False
+    >>> set_current(SINGLE_PROCESS)  # what init() does when it finds one process
+    >>> is_initialized(), size()
+    (True, 1)
+    >>> set_current(None)
     """
-    return _current is not SINGLE_PROCESS
+    return _current is not None
 
 
 def one_step_for_all() -> bool:
@@ -156,7 +164,7 @@ def one_step_for_all() -> bool:
     >>> one_step_for_all()
     False
     """
-    return bool(getattr(_current, "one_step_for_all", False))
+    return bool(getattr(current(), "one_step_for_all", False))
 
 
 def rank() -> int:
@@ -167,7 +175,7 @@ def rank() -> int:
     >>> rank()
     0
     """
-    return int(_current.rank())
+    return int(current().rank())
 
 
 def size() -> int:
@@ -178,7 +186,7 @@ def size() -> int:
     >>> size()
     1
     """
-    return int(_current.size())
+    return int(current().size())
 
 
 def local_rank() -> int:
@@ -189,7 +197,7 @@ def local_rank() -> int:
     >>> local_rank()
     0
     """
-    return int(_current.local_rank())
+    return int(current().local_rank())
 
 
 def local_size() -> int:
@@ -200,7 +208,7 @@ def local_size() -> int:
     >>> local_size()
     1
     """
-    return int(_current.local_size())
+    return int(current().local_size())
 
 
 def is_chief() -> bool:

@@ -22,10 +22,20 @@ def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run_doctor(args: argparse.Namespace) -> int:
     from kfast.env import doctor
 
+    if args.hosts:
+        import sys
+
+        from kfast.cli.launch import engine_for
+        from kfast.cluster.hosts import parse_host_list
+
+        try:
+            found = parse_host_list(args.hosts, option="--hosts", slots_optional=True)
+        except ValueError as e:
+            print(f"kfast doctor: {e}", file=sys.stderr)
+            return 2
+        names = list(dict.fromkeys(host for host, _ in found.hosts))
     report = doctor.collect()
     if args.hosts:
-        from kfast.cli.launch import engine_for
-
-        doctor.check_hosts(report, [h.rsplit(":", 1)[0] for h in args.hosts.split(",") if h], engine=engine_for(None))
+        doctor.check_hosts(report, names, engine=engine_for(None))
     print(json.dumps(report, indent=2) if args.json else doctor.format_report(report))
     return 1 if doctor.has_errors(report) else 0

@@ -75,14 +75,12 @@ def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str
     Raises:
         ValueError: for a bad process count or host list, with the expected form.
     """
-    import re
+    from kfast.cluster.hosts import parse_host_list
 
     if np < 1:
         raise ValueError(f"-np must be at least 1, got {np}.")
-    if hosts is not None and not hosts.strip():
-        # An empty $HOSTS in a job script, say: training on localhost instead would hide it.
-        raise ValueError(f"-H {hosts!r} names no host; expected host:slots[,host:slots...], e.g. -H host1:4,host2:4 "
-                         "(leave -H out to run on this machine).")
+    if hosts is not None:
+        parse_host_list(hosts, np)  # its errors: an empty list (a job script's unset $HOSTS), a bad form, few slots
     if hosts and hostfile:
         raise ValueError("pass either -H or --hostfile, not both.")
     cmd = [horovodrun, "-np", str(np)]
@@ -101,12 +99,6 @@ def launch_command(np: int, hosts: str | None, hostfile: str | None, recipe: str
                 raise ValueError("pass either --host-discovery-script or -H/--hostfile, not both.")
             return cmd + ["--host-discovery-script", elastic["discovery"], *rank_command(recipe, recipe_args, python)]
     if hosts:
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+:\d+(,[A-Za-z0-9_.\-]+:\d+)*", hosts):
-            raise ValueError(f"-H {hosts!r} is not a host list; expected host:slots[,host:slots...], "
-                             "e.g. -H host1:4,host2:4.")
-        slots = sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(","))
-        if slots < np:
-            raise ValueError(f"-H {hosts} offers {slots} slot(s) for -np {np}; add hosts or slots.")
         cmd += ["-H", hosts]
     elif hostfile:
         cmd += ["--hostfile", hostfile]
@@ -202,11 +194,10 @@ def _hosts(args: argparse.Namespace) -> tuple[str | None, int | None]:
     """The -H list and the default -np: from -H, the host file, or the Slurm allocation (printed)."""
     from kfast import cluster
 
-    if args.hosts is not None:  # -H "" is an error (launch_command says so), not "no -H"
+    if args.hosts is not None:  # -H "" is an error, not "no -H"
         if args.hostfile:
             raise ValueError("pass either -H or --hostfile, not both.")
-        slots = [h.rsplit(":", 1)[-1] for h in args.hosts.split(",")]
-        return args.hosts, sum(int(n) for n in slots) if all(n.isdigit() for n in slots) else None
+        return args.hosts, cluster.parse_host_list(args.hosts).np
     if args.host_discovery_script and not args.hostfile:
         return None, None
     found = cluster.read_hostfile(args.hostfile) if args.hostfile else cluster.allocation()

@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
             parse_memory(args.device_memory)
         bandwidth, latency, source = args.bandwidth, args.latency, None
         if args.hosts:
-            hosts = [h for h in args.hosts.split(",") if h]
+            from kfast.cluster.hosts import parse_host_list
+
+            hosts = [h for h, _ in parse_host_list(args.hosts, option="--hosts", slots_optional=True).hosts]
             print(f"measuring the link {hosts[0]} <-> {hosts[1] if len(hosts) > 1 else '?'} with real allreduces...",
                   file=sys.stderr, flush=True)
             latency, bandwidth, _ = link_probe.measure(hosts)

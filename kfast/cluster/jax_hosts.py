@@ -15,7 +15,6 @@ host ends the job as a failed process does on one host (`kfast.cluster.process_g
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -26,11 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kfast.cluster import process_group
+from kfast.cluster.hosts import parse_host_list
 from kfast.env import preflight
 
 FORWARDED_PREFIXES = ("KERAS_", "KFAST_", "JAX_", "XLA_", "TF_", "CUDA_", "NCCL_", "OMP_", "PYTHON")
 FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
-_HOSTS = re.compile(r"[A-Za-z0-9_.\-]+:\d+(,[A-Za-z0-9_.\-]+:\d+)*")
 _SSH_STATUS = 255  # ssh's own status: the host was not reached, or refused the command
 
 
@@ -55,17 +54,12 @@ def groups(np: int, hosts: str) -> list[HostGroup]:
         ValueError: for a malformed list, too few slots, or a loopback name as the coordinator's host of a job
             that spans hosts.
     """
-    if not _HOSTS.fullmatch(hosts):
-        raise ValueError(f"-H {hosts!r} is not a host list; expected host:slots[,host:slots...], e.g. -H host1:4,host2:4.")
     found, first_id = [], 0
-    for item in hosts.split(","):
-        host, slots = item.rsplit(":", 1)
-        count = min(int(slots), np - first_id)
+    for host, slots in parse_host_list(hosts, np).hosts:
+        count = min(slots, np - first_id)
         if count > 0:
             found.append(HostGroup(host, count, first_id))
             first_id += count
-    if first_id < np:
-        raise ValueError(f"-H {hosts} offers {first_id} slot(s) for -np {np}; add hosts or slots.")
     if len(found) > 1 and (found[0].host == "localhost" or found[0].host.startswith("127.")):
         raise ValueError(f"-H {hosts}: the first host runs process 0 and the coordinator, which the other hosts "
                          f"reach by that name, and {found[0].host!r} names each host itself; name this host as the "

@@ -93,8 +93,13 @@ class KerasEpochs(keras_private.DataAdapter):
     def get_numpy_iterator(self) -> Iterator[Any]:
         return cast(Iterator[Any], keras_private.numpy_iterator(self._keras_epoch()))
 
-    def get_jax_iterator(self) -> Iterator[Any]:
-        return cast(Iterator[Any], keras_private.jax_iterator(self._keras_epoch()))
+    def get_jax_iterator(self, super_batch: int | None = None) -> Iterator[Any]:
+        iterator = keras_private.jax_iterator(self._keras_epoch())
+        if super_batch:  # Keras 3.16 on, with steps_per_execution > 1: several steps' batches stacked, as its own
+            import jax.numpy as jnp
+
+            iterator = keras_private.super_batch_iterator(iterator, super_batch, stack_fn=jnp.stack)
+        return cast(Iterator[Any], iterator)
 
     def get_torch_dataloader(self) -> Any:
         return keras_private.torch_dataloader(self._keras_epoch())
@@ -104,14 +109,14 @@ class KerasEpochs(keras_private.DataAdapter):
 
         if self._signature is None:
             # As Keras does for a PyDataset: the signature from the first batches (loaded by the workers).
-            count = min(keras_private.SPEC_BATCHES, len(self))  # type: ignore[arg-type]
-            self._signature = keras_private.tensor_spec([self._standardize(self[i]) for i in range(count)])  # type: ignore[index]
+            count = min(keras_private.SPEC_BATCHES, len(self))
+            self._signature = keras_private.tensor_spec([self._standardize(self[i]) for i in range(count)])
         return tf.data.Dataset.from_generator(self._keras_epoch, output_signature=self._signature).prefetch(
             tf.data.AUTOTUNE)
 
     @property
     def num_batches(self) -> int:
-        return len(self)  # type: ignore[arg-type]
+        return len(self)
 
     @property
     def batch_size(self) -> int | None:
@@ -132,7 +137,7 @@ class KerasEpochs(keras_private.DataAdapter):
         self._stream.interrupted = False
         with self._lock:
             if self._read_token is None:
-                self._read_token = interrupt.keras_read_begins()
+                self._read_token = interrupt.keras_read_begins(self)
         if topology.size() > 1 and not topology.one_step_for_all():
             if self._order.size == 1:
                 keras_reads.count_whole_read()

@@ -55,3 +55,22 @@ def default_seed() -> int:
     # Python's generator, which keras.utils.set_random_seed seeds and Keras's own PyDataset shuffle draws from:
     # the same script with the same global seed gets the same order; without one, a new order every run.
     return random.getrandbits(63)
+
+
+def keras_data_shards() -> tuple[int, int] | None:
+    """(shard id, shard count) of Keras's own distribution when it spans several processes and shards data
+    (`keras.distribution.DataParallel()` set by the user, `auto_shard_dataset` on), else None.
+
+    Keras shards a PyDataset itself then, but passes a data adapter (a FastLoader) through untouched: the loader
+    follows the same split, so that the two together read every batch once."""
+    distribution = keras.distribution.distribution()
+    if distribution is None or not getattr(distribution, "auto_shard_dataset", False):
+        return None
+    processes = int(getattr(distribution, "num_processes", 1) or 1)
+    if processes < 2:
+        return None
+    # Keras's own count of data shards (`num_data_shards` from Keras 3.16 on): one per model replica, at most one
+    # per process.
+    count = getattr(distribution, "num_data_shards", None)
+    count = int(count) if count is not None else min(int(distribution.num_model_replicas), processes)
+    return (int(distribution.data_shard_id), count) if count > 1 else None

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 from kfast._core.checks import check_int
 
@@ -34,12 +33,3 @@ def check_enough(caller: str, batches: int, size: int) -> None:
     if batches < size:
         raise ValueError(f"{caller}: the dataset has {batches} batches for {size} ranks; every rank needs at least "
                          "one. Use a smaller batch size or fewer ranks.")
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardMark:
-    """What `kfast.data.shard` made of a tf.data pipeline: its mode, and which rank of how many reads it."""
-
-    mode: str
-    rank: int
-    size: int

@@ -16,7 +16,7 @@ from kfast.data._epoch import Ahead, EpochIterator
 from kfast.data._keras_epochs import KerasEpochs
 from kfast.data._cursor import Cursor
 from kfast.data._loader_args import MAX_TASKS_PER_WORKER, capped_workers, default_seed
-from kfast.data._loader_args import default_workers, length, overrides
+from kfast.data._loader_args import default_workers, keras_data_shards, length, overrides
 from kfast.data._loader_order import LoaderOrder
 from kfast.data._stream import Stream
 from kfast.data._workers import interrupt
@@ -41,11 +41,13 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
     (no copy), and `worker_dataset()`, a lighter object from a keras-free module for the workers to load
     (no TensorFlow start per worker); `kfast.data.ArrayDataset` defines both (the loader guide says how).
 
-    Under Horovod (after `kfast.distributed.init()`), each rank loads only its own shard of the batches,
-    the same number on every rank (`kfast.data.shard`, mode "drop"); shard yourself to choose "pad", or pass
-    `rank=` and `size=`, as to PyTorch's `DistributedSampler`. Keras's `evaluate` and `predict` (and `fit`'s
-    validation) read the whole set on every rank instead, or each rank its share when `MetricAverage` sums
-    the metrics over ranks: their results are one process's (see the scale-out guide).
+    What it reads is its own setting, fixed when it is built, whichever Keras call reads it. The data `fit`
+    trains on is built with `training=True`: under Horovod (after `kfast.distributed.init()`) each rank loads
+    only its own shard of the batches, the same number on every rank (`kfast.data.shard`, mode "drop"); shard
+    yourself to choose "pad", or pass `rank=` and `size=`, as to PyTorch's `DistributedSampler`. Any other
+    loader is read whole, in index order, on every rank, so `evaluate`, `predict` and `fit`'s validation give
+    one process's results (see the scale-out guide). On the JAX engine, or under a `keras.distribution` of the
+    user's own over several processes, each process reads its part of every global batch, for every call.
 
     A worker's exception is raised here with the batch index and the worker's traceback. With `timeout`,
     a batch that takes longer raises an error naming the batch index, the worker's pid and its current
@@ -62,11 +64,12 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
 
     Order: each `iter(loader)`, and each epoch of `fit`, `evaluate` or `predict`, is a new epoch that starts at
     its first batch, as with Keras's `PyDataset` and PyTorch's `DataLoader`: looking at one batch with
-    `next(iter(loader))` costs the next loop nothing. With `shuffle=None` (the default) the loader orders
-    batches as Keras would order a PyDataset's: inside `model.fit(shuffle=True)` (Keras's default) each
-    epoch is a new permutation fixed by `seed` and the epoch's number; in `fit(shuffle=False)`, `evaluate`,
-    `predict` and a plain `for` loop, index order. `shuffle=True` or `False` fixes the choice everywhere.
-    Either way every index comes exactly once per epoch. The loader calls the dataset's `on_epoch_begin()`
+    `next(iter(loader))` costs the next loop nothing. With `shuffle=None` (the default) training data is a new
+    permutation every epoch, fixed by `seed` and the epoch's number, and any other loader reads in index
+    order; `shuffle=True` or `False` fixes the choice. Either way every index comes exactly once per epoch. The
+    loader is Keras's data adapter, which Keras passes through as is: `fit(shuffle=...)` and
+    `fit(class_weight=...)` do not reach it (as Keras says of a tf.data pipeline); the loader's own `shuffle`
+    and `class_weight` govern. The loader calls the dataset's `on_epoch_begin()`
     and `on_epoch_end()` around each epoch (and sends the updated dataset to the workers), or
     `set_epoch(epoch)` in every worker when the dataset defines it (cheaper: nothing is re-sent). Memory in
     flight is bounded by `max_queue_size` batches. `loader[i]` is batch `i` of the loader's shard, in index
@@ -90,20 +93,25 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
 
     Args:
         dataset: the dataset to load from.
+        training: whether `fit` trains on it: shuffled each epoch, and each rank its own shard under data
+            parallel. Defaults to `False`: every batch, in index order, on every rank (evaluate, predict,
+            validation).
         workers: number of workers. Defaults to `None`: one per usable CPU core.
         use_multiprocessing: processes (True) or threads (False). Defaults to `True`.
         max_queue_size: batches loaded ahead of the training loop. Defaults to `None`: twice the
             workers, at least 4.
-        shuffle: a new batch order every epoch (`True`), index order (`False`), or as the Keras call
-            consuming the loader says (`None`: `fit`'s `shuffle` argument). Defaults to `None`.
+        shuffle: a new batch order every epoch (`True`), index order (`False`), or `None`: shuffled when
+            `training`. Defaults to `None`.
         seed: seed of that order and of the workers' random generators, an int >= 0. Defaults to `None`:
             drawn from Python's `random`, which `keras.utils.set_random_seed` sets.
         timeout: seconds to wait for one batch before raising `WorkerError`. Defaults to `None` (wait,
             warning every minute).
         rank: this process's rank, for the loader's own sharding. Defaults to `None`: the rank of the job
-            (`kfast.distributed.rank()`, 0 in a single process).
+            (`kfast.distributed.rank()`, 0 in a single process) for training data.
         size: the number of ranks sharing the dataset. Defaults to `None`: the job's
-            (`kfast.distributed.size()`).
+            (`kfast.distributed.size()`) for training data, 1 (the whole set) for any other on Horovod.
+        class_weight: `{class index: weight}`, turned into sample weights from each batch's targets, as Keras's
+            `fit(class_weight=...)` does for a PyDataset. Defaults to `None`.
 
     Raises:
         TypeError: when `dataset` lacks `__len__`/`__getitem__` or cannot be sent to processes.
@@ -150,6 +158,10 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
         # Training data is sharded over the job's ranks; anything else is read whole on every Horovod rank. On the
         # JAX engine one step is one program over every process's part of a global batch, for every call.
         shards = training or topology.one_step_for_all()
+        keras_shards = keras_data_shards() if topology.size() == 1 else None
+        if keras_shards is not None and size is None and rank is None:
+            rank, size = keras_shards  # a user's own keras.distribution over several processes (see its docs)
+            shards = True
         size = (topology.size() if shards else 1) if size is None else size
         rank = (topology.rank() if shards and size > 1 else 0) if rank is None else rank
         check_int("FastLoader", "size", size, hint="the number of ranks sharing the dataset")
@@ -163,7 +175,7 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
             raise ValueError(f"FastLoader got a dataset of length {total}; it needs at least one batch.")
         if shuffle is not None and not isinstance(shuffle, bool):
             raise ValueError(f"FastLoader got shuffle={shuffle!r}; pass True, False, or None to follow fit(shuffle=...).")
-        if topology.one_step_for_all() and size > 1 and not training and total % size:
+        if (topology.one_step_for_all() or keras_shards is not None) and size > 1 and not training and total % size:
             raise ValueError(
                 f"FastLoader got a dataset of {total} batches to evaluate or predict on over {size} JAX processes; each "
                 f"step is one program over all of them, so every process needs as many batches, all full: give it a "
@@ -270,9 +282,6 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
             ValueError: for a state of another form, version, dataset length or sharding.
         """
         order = position.order_of(state, self._order.rank, self._order.size)
-        self._load_order(order)
-
-    def _load_order(self, order: EpochOrder) -> None:
         with self._lock:
             self._drop_iteration()
             self._cursor.load(order)

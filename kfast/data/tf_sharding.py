@@ -17,8 +17,7 @@ from typing import Any
 from kfast._core import topology
 from kfast.data._shard_checks import check_enough
 from kfast.data._shard_checks import check_shard
-from kfast.data._shard_checks import ShardMark
-from kfast.distributed import _horovod
+from kfast.distributed import collectives
 
 
 def _count(dataset: Any, start: int) -> int:
@@ -53,7 +52,7 @@ def _labels_fingerprint(dataset: Any) -> str | None:
 def _check_same_order(dataset: Any, check_order: bool) -> None:
     if not (check_order and topology.size() > 1):
         return
-    prints = _horovod.allgather_object(_labels_fingerprint(dataset))
+    prints = collectives.allgather_object(_labels_fingerprint(dataset))
     if len(set(prints)) > 1:
         differ = [r for r, p in enumerate(prints) if p != prints[0]]
         raise ValueError(
@@ -71,7 +70,9 @@ def shard_tf_dataset(dataset: Any, rank: int, size: int, mode: str = "drop", sta
     Batches are dealt in turn (rank, rank + size, ...), after the remainder is settled by `mode`, as for
     `kfast.data.ShardedDataset`: `"drop"` leaves out the last `n % size` batches of each epoch, `"pad"`
     repeats batches from the start of the next pass to fill the last round, and `"all"` keeps every batch
-    once (ranks may differ by one; for evaluate and predict). Under Horovod, ranks first compare their
+    once (ranks may differ by one): evaluate an `"all"` shard with `callbacks=[kfast.callbacks.MetricAverage()]`,
+    which sums the metrics over the ranks (Keras tells kfast nothing of the pipeline it evaluates, so without it
+    each rank gets its own part's numbers). Under Horovod, ranks first compare their
     first batch's labels (a collective: call it on every rank), since a pipeline shuffled without a seed
     orders each rank's batches differently.
 
@@ -108,8 +109,4 @@ def shard_tf_dataset(dataset: Any, rank: int, size: int, mode: str = "drop", sta
         source = source.take(n // size * size)
     elif mode == "pad":
         source = source.repeat().take(-(-n // size) * size)
-    shard = source.shard(size, rank)
-    # Read by Keras's evaluate and predict (kfast.data._keras_calls): an "all" shard's metrics are summed over
-    # the ranks there; a "drop" or "pad" one is evaluated on this rank's part only, which it says.
-    shard._kfast_shard = ShardMark(mode, rank, size)
-    return shard
+    return source.shard(size, rank)

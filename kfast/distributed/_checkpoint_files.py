@@ -10,12 +10,13 @@ The state is one JSON object:
 
     {"version": 2, "position": {"epoch": 3, "batch": 0},
      "best": {"monitor": "val_loss", "mode": "min", "value": 0.31},
-     "data": {"order": {...}, "metrics": [[...], ...]}, ...the model's training state...}
+     "data": {"loader": {...}, "metrics": [[...], ...]}, ...the model's training state...}
 
 `position` is how far training had gone when the file was written: epochs finished, and batches of the
 next epoch trained (0 at an epoch's end). `best` is the best value so far of the RankZeroCheckpoint that
 wrote the file, for that file's directory. `data` (when training read a FastLoader) is where the data
-stood: the epoch's batch order and how much of it was trained (`kfast.data.position.EpochOrder`), and
+stood, in `FastLoader.state_dict()`'s versioned form with every rank's seed (what `restore` hands to
+`load_state_dict`; files written before it hold `"order"`, a `kfast.data.position.EpochOrder`, still read), and
 inside an epoch each rank's metric state (the values of `model.metrics_variables`), so that the epoch's
 logs come out as if it had not stopped. Every other key is `checkpoint.training_state(model)`.
 Version 1 had no `position` (it comes from the `epoch-NNNN.keras` name) and kept `best` in the model's
@@ -33,7 +34,7 @@ import zipfile
 from typing import TYPE_CHECKING
 from typing import Any
 
-from kfast.distributed import _jax
+from kfast.distributed import collectives
 from kfast.distributed._checkpoint_paths import MODEL_SUFFIX
 from kfast.distributed._checkpoint_paths import WEIGHTS_SUFFIX
 
@@ -114,7 +115,7 @@ def write(model: keras.Model, path: str | os.PathLike[str], state: dict[str, Any
     text = json.dumps({"version": STATE_VERSION, **state})
     unwrap_for_saving(model)  # the file names the wrapped optimizer: NOTE [ Files plain Keras opens ]
     try:
-        with _jax.saving_alone():  # rank 0 saves alone, the other processes do not join a collective
+        with collectives.saving_alone():  # rank 0 saves alone, the other processes do not join a collective
             if name.endswith(WEIGHTS_SUFFIX):
                 model.save_weights(tmp)
                 with _h5py().File(tmp, "a") as f:

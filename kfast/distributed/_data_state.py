@@ -8,8 +8,9 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfast.data import position
 from kfast.data._loader_order import merge
-from kfast.distributed import _horovod
+from kfast.distributed import collectives
 from kfast.distributed.checkpoint import RestorePoint
 
 
@@ -43,8 +44,10 @@ class DataState:
         loader = self.loader
         view = None if loader is None else loader.epoch_order(0 if batch is None else batch + 1, finished)
         metrics = None if finished else [keras.ops.convert_to_numpy(v).tolist() for v in self.model.metrics_variables]
-        pairs = _horovod.allgather_object((view, metrics)) if _horovod.size() > 1 else [(view, metrics)]
+        pairs = collectives.allgather_object((view, metrics)) if collectives.size() > 1 else [(view, metrics)]
         views = [v for v, _ in pairs if v is not None]
         if len(views) < len(pairs):
             return None
-        return {"order": merge(views).as_dict(), "metrics": None if finished else [m for _, m in pairs]}
+        # The loader's own state_dict() form (versioned), with every rank's seed: `restore` hands it to
+        # `load_state_dict`, on any number of ranks.
+        return {"loader": position.state_of(merge(views), 0), "metrics": None if finished else [m for _, m in pairs]}

@@ -1,10 +1,11 @@
 """The JAX engine: Keras 3's own `keras.distribution` across JAX processes, behind kfast's lines.
 
-`kfast.distributed.init()` comes here when Keras runs on JAX. It joins the job's processes
-(`jax.distributed.initialize`, through `keras.distribution.initialize`, which also gives every process one
-random seed), sets a `keras.distribution.DataParallel` over every process's devices, and makes this engine's
-topology the current one. It imports only `kfast._core.topology` of kfast, and under Slurm the reader of Slurm's
-count lists (`kfast.cluster.nodelist`).
+It speaks only JAX: the router, `kfast.distributed.collectives`, calls `init()` here when Keras runs on JAX
+(`kfast.distributed.init()`), and uses its collectives once the job has several processes. `init()` joins the
+job's processes (`jax.distributed.initialize`, through `keras.distribution.initialize`, which also gives every
+process one random seed), sets a `keras.distribution.DataParallel` over every process's devices, and makes this
+engine's topology the current one. It imports only `kfast._core.topology` of kfast, and under Slurm the reader
+of Slurm's count lists (`kfast.cluster.nodelist`).
 
 NOTE [ One step for the whole job ]
 Under Horovod each rank runs its own step on its own batch, and kfast averages the gradients and sums the
@@ -25,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from kfast._core import topology
@@ -117,8 +118,8 @@ def init() -> None:
     if jax.device_count() > 1:
         keras.distribution.set_distribution(
             keras.distribution.DataParallel(devices=jax.devices(), auto_shard_dataset=False))
-    if jax.process_count() > 1 or jax.device_count() > 1:
-        topology.set_current(JaxTopology())
+    several = jax.process_count() > 1 or jax.device_count() > 1
+    topology.set_current(JaxTopology() if several else topology.SINGLE_PROCESS)
     _started = True
 
 
@@ -147,24 +148,63 @@ def started() -> bool:
 
 
 # NOTE [ Objects as bytes ]
-# JAX's host collectives move arrays. An object travels pickled, as uint8: the lengths are gathered first, each
-# process pads its bytes to the longest, and each reads the others' up to their lengths. Floats travel the same
-# way, so float64 stays float64 (JAX's arrays are float32 unless x64 is on).
+# JAX's host collectives move arrays. An object travels pickled, as uint8. A broadcast sends two arrays from the
+# root (`broadcast_one_to_all`, the root chosen by its flag): the length, as 8 bytes, then the bytes, which the
+# others receive into zeros of that length; so each process receives one copy. An all-gather gathers the lengths
+# first; each process pads its bytes to the longest, and each reads the others' up to their lengths. Floats travel
+# as their bytes too, so float64 stays float64 (JAX's arrays are float32 unless x64 is on), in one all-gather of
+# a known length.
+
+# A test seam: when set, called with (the collective's name, the array handed to it, the array it returned) for
+# every host collective of this module, e.g. to count the bytes a broadcast moves
+# (tests/distributed/jax_collectives.py).
+_observer: Callable[[str, Any, Any], None] | None = None
+
+
+def _host_allgather(array: Any) -> Any:
+    """Every process's `array` (the same shape on each), stacked along a new first axis in process order."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    out = np.asarray(multihost_utils.process_allgather(array))
+    if _observer is not None:
+        _observer("process_allgather", array, out)
+    return out
+
+
+def _host_broadcast(array: Any, source: bool) -> Any:
+    """The `array` of the process whose `source` is True, on every process (each hands one of that shape)."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    out = np.asarray(multihost_utils.broadcast_one_to_all(array, is_source=source))
+    if _observer is not None:
+        _observer("broadcast_one_to_all", array, out)
+    return out
+
+
+def _broadcast_bytes(payload: bytes, source: bool) -> bytes:
+    import numpy as np
+
+    length = _host_broadcast(np.frombuffer(len(payload).to_bytes(8, "little"), np.uint8), source)
+    size = int.from_bytes(length.tobytes(), "little")
+    buffer = np.frombuffer(payload, np.uint8) if source else np.zeros(size, np.uint8)
+    return bytes(_host_broadcast(buffer, source).tobytes())
 
 
 def _gather_bytes(payload: bytes) -> list[bytes]:
     import numpy as np
-    from jax.experimental import multihost_utils
 
-    lengths = np.asarray(multihost_utils.process_allgather(np.array([len(payload)], dtype=np.int32))).reshape(-1)
+    lengths = _host_allgather(np.array([len(payload)], dtype=np.int32)).reshape(-1)
     buffer = np.zeros(int(lengths.max()), np.uint8)
     buffer[:len(payload)] = np.frombuffer(payload, np.uint8)
-    rows = np.asarray(multihost_utils.process_allgather(buffer)).reshape(len(lengths), -1)
+    rows = _host_allgather(buffer).reshape(len(lengths), -1)
     return [rows[i, :n].tobytes() for i, n in enumerate(lengths)]
 
 
 class JaxCollectives:
-    """The host-side collectives between JAX processes (see NOTE [ Objects as bytes ])."""
+    """The host-side collectives between JAX processes (a `kfast.distributed.collectives.Collectives`; see
+    NOTE [ Objects as bytes ])."""
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return [pickle.loads(b) for b in _gather_bytes(pickle.dumps(obj))]
@@ -172,30 +212,40 @@ class JaxCollectives:
     def broadcast_object(self, obj: Any, root_rank: int) -> Any:
         import jax
 
-        mine = pickle.dumps(obj) if jax.process_index() == root_rank else b""
-        return pickle.loads(_gather_bytes(mine)[root_rank])
+        source = jax.process_index() == root_rank
+        return pickle.loads(_broadcast_bytes(pickle.dumps(obj) if source else b"", source))
 
     def allreduce_sum_values(self, values: Sequence[float]) -> list[float]:
         import numpy as np
 
-        parts = self.allgather_object([float(v) for v in values])
-        return [float(v) for v in np.sum(np.asarray(parts, dtype=np.float64), axis=0)]
+        mine = np.asarray(values, np.float64)
+        if not mine.size:
+            return []  # every process gives as many values, so every process skips the collective
+        rows = _host_allgather(mine.view(np.uint8)).reshape(-1, mine.nbytes).view(np.float64)
+        return [float(v) for v in np.sum(rows, axis=0)]
 
     def allreduce_mean_values(self, values: Sequence[float]) -> list[float]:
         import jax
 
         return [s / jax.process_count() for s in self.allreduce_sum_values(values)]
 
+    def allreduce_max_ints(self, values: Sequence[int]) -> list[int]:
+        import numpy as np
+
+        mine = np.asarray(values, np.int32)
+        if not mine.size:
+            return []
+        return [int(v) for v in _host_allgather(mine).reshape(-1, mine.size).max(axis=0)]
+
     def allreduce_average(self, tensors: Sequence[Any], name: str | None) -> list[Any]:
         # Outside a step (kfast.plan's link probe, a user's own call); inside one, XLA averages.
         import jax
         import numpy as np
-        from jax.experimental import multihost_utils
 
         out = list(tensors)
         for i, t in enumerate(tensors):
             if t is not None:
-                gathered = np.asarray(multihost_utils.process_allgather(np.asarray(t)))
+                gathered = _host_allgather(np.asarray(t))
                 out[i] = gathered.reshape(jax.process_count(), *np.shape(t)).mean(axis=0).astype(np.asarray(t).dtype)
         return out
 
@@ -204,6 +254,11 @@ class JaxCollectives:
         # variable's creation, an assignment, a loaded checkpoint) only after checking that each process gave
         # the same; the steps that change it run the same program on every process.
         return None
+
+
+def collectives() -> JaxCollectives:
+    """The JAX processes' collectives, for the router (`kfast.distributed.collectives`) once `init()` ran."""
+    return JaxCollectives()
 
 
 def load_on_every_process(model: Any, path: str) -> None:

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from kfast._core import fit_timing
+from kfast.data import position as data_position
 from kfast.data.position import EpochOrder
 from kfast.distributed import _checkpoint_files as files
 from kfast._core import topology
-from kfast.distributed import _horovod
-from kfast.distributed import _jax
+from kfast.distributed import collectives
 from kfast.distributed._checkpoint_files import STATE_VERSION  # noqa: F401 - part of this module's API
 from kfast.distributed._checkpoint_files import NewerCheckpointError
 from kfast.distributed._checkpoint_files import Position
@@ -233,15 +233,16 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loade
     error: Exception | None = None
     # NOTE [ Every JAX process loads the file ]: on the JAX engine a weight's assignment is a collective of
     # every process (JAX checks that they all give the same value), so rank 0 cannot load alone; it picks
-    # the file, and each process loads it (`_jax.load_on_every_process`: from its own disk, or rank 0's bytes).
-    together = topology.one_step_for_all() and _horovod.size() > 1
-    if _horovod.is_chief():
+    # the file, and each process loads it (`collectives.load_on_every_process`: from its own disk, or rank 0's
+    # bytes).
+    together = topology.one_step_for_all() and collectives.size() > 1
+    if collectives.is_chief():
         try:
             found = _load_latest(model, directory, load=not together)
         except Exception as e:  # noqa: BLE001 - re-raised on every rank below, so no rank waits forever
             error = e
     # Every rank learns of rank 0's failure, so none is left waiting in a collective.
-    found, message = _horovod.broadcast_object((found, None if error is None else str(error)), root_rank=0)
+    found, message = collectives.broadcast_object((found, None if error is None else str(error)), root_rank=0)
     if error is not None:
         raise error
     if message is not None:
@@ -253,20 +254,20 @@ def restore(model: keras.Model, checkpoint_dir: str | os.PathLike[str], *, loade
     position, build_config, state, best, path, data = found
     _build(model, build_config, directory)
     if together:
-        _jax.load_on_every_process(model, path)
+        collectives.load_on_every_process(model, path)
     else:
-        _horovod.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
+        collectives.broadcast_variables(list(model.variables) + list(model.optimizer.variables), root_rank=0)
     training_state(model).update(state)
     position, metrics, order = _data_position(position, data)
     taken = None
     if order is not None and loader is not None:
-        loader._load_order(order)
+        loader.load_state_dict(data_position.state_of(order, 0))
         taken = weakref.ref(loader)
         if position.batch:
             # The resumed epoch's metric state needs the compiled metrics built, which Keras does at the first
             # step (or, on JAX, from a first look at the data that would take the resumed epoch's first batch).
             fit_timing.build_from_batch(model, loader[0], "kfast.distributed.restore", metrics=True)
-    elif position.batch and _horovod.is_chief():
+    elif position.batch and collectives.is_chief():
         warnings.warn(
             f"kfast restored {path}, saved {position.batch} batch(es) into epoch {position.epoch + 1}, but "
             + ("no loader= was given to go on where its data stood" if order is not None else
@@ -355,14 +356,20 @@ def epoch_offset(model: keras.Model) -> int:
 def _data_position(position: Position, data: dict[str, Any] | None
                    ) -> tuple[Position, list[Any] | None, EpochOrder | None]:
     """The position to resume at, this rank's metric state (None when there is none for this number of ranks)
-    and the recorded data order (None when the checkpoint has none)."""
-    order = EpochOrder.from_dict((data or {}).get("order"))
+    and the recorded data order (None when the checkpoint has none): the loader's `state_dict()` form under
+    "loader", or, in checkpoints written before it, an `EpochOrder` under "order"."""
+    recorded = (data or {}).get("loader")
+    if recorded is not None:
+        order: EpochOrder | None = data_position.order_of(recorded, 0, int(recorded.get("size", 1)),
+                                                          owner="kfast.distributed.restore")
+    else:
+        order = EpochOrder.from_dict((data or {}).get("order"))
     if order is None:
         return position, None, None
-    if position.batch and not order.remaining(0, _horovod.size()):
+    if position.batch and not order.remaining(0, collectives.size()):
         # Fewer batches left than ranks now: the epoch is over for them, and the next begins.
         order, position = dataclasses.replace(order, epoch=order.epoch + 1, done=0), Position(position.epoch + 1)
     metrics = (data or {}).get("metrics")
-    mine = metrics[_horovod.rank()] if (position.batch and isinstance(metrics, list)
-                                           and len(metrics) == _horovod.size()) else None
+    mine = metrics[collectives.rank()] if (position.batch and isinstance(metrics, list)
+                                           and len(metrics) == collectives.size()) else None
     return position, mine, order

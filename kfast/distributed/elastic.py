@@ -21,7 +21,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from kfast.distributed import _horovod
+from kfast.distributed import _horovod  # Horovod's elastic driver: elastic_api(), restart()
+from kfast.distributed import collectives
 from kfast.distributed import checkpoint
 
 if TYPE_CHECKING:
@@ -80,8 +81,8 @@ class ElasticState:
 
     def sync(self) -> None:
         """Every rank takes rank 0's weights, optimizer state, epoch and position; then commits them."""
-        _horovod.broadcast_variables(self._variables(), root_rank=0)
-        meta = _horovod.broadcast_object((self.epoch, self.position, dict(checkpoint.training_state(self.model))))
+        collectives.broadcast_variables(self._variables(), root_rank=0)
+        meta = collectives.broadcast_object((self.epoch, self.position, dict(checkpoint.training_state(self.model))))
         self.epoch, self.position = meta[0], meta[1]
         checkpoint.training_state(self.model).clear()
         checkpoint.training_state(self.model).update(meta[2])
@@ -107,7 +108,7 @@ class ElasticState:
             if timestamp > newest:
                 newest, update = timestamp, update | result
         # Rank 0's view decides, so that all ranks raise at the same commit.
-        previous, self._last_update, update = _horovod.broadcast_object((self._last_update, newest, update))
+        previous, self._last_update, update = collectives.broadcast_object((self._last_update, newest, update))
         if self._last_update > previous:
             raise interrupt(update == update_result.removed)
 
@@ -132,7 +133,7 @@ def run(state: ElasticState, train: Callable[[ElasticState], _T]) -> _T:
     skip_sync = False
     try:
         while True:
-            size_before = _horovod.size()
+            size_before = collectives.size()
             try:
                 if not skip_sync:
                     state.sync()
@@ -147,6 +148,6 @@ def run(state: ElasticState, train: Callable[[ElasticState], _T]) -> _T:
             _horovod.restart()
             state.on_reset()
             state.resets.append({"epoch": state.epoch, "position": state.position, "size_before": size_before,
-                                 "size_after": _horovod.size(), "reason": reason})
+                                 "size_after": collectives.size(), "reason": reason})
     finally:
         manager.remove_listener(state)

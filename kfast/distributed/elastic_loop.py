@@ -10,7 +10,7 @@ from kfast._core import topology
 from kfast._core.checks import check_int
 from kfast.data.loader import FastLoader
 from kfast.data.sharding import ShardedDataset
-from kfast.distributed import _horovod
+from kfast.distributed import collectives
 from kfast.distributed import elastic
 
 
@@ -107,26 +107,26 @@ def elastic_fit(model: keras.Model, dataset: Any, *, epochs: int, validation_dat
 
     def train(state):
         # A new ring may have another size: trace the train step again rather than reuse the old one.
-        model.train_function = None
+        model.make_train_function(force=True)
         def loader_of(data):
             # In index order: commits count positions in the epoch's order, the same on every rank (set_epoch);
             # a loader's own permutation, seeded differently on each rank, would skip and repeat batches.
-            return FastLoader(data, workers=workers, use_multiprocessing=use_multiprocessing,
+            return FastLoader(data, training=True, workers=workers, use_multiprocessing=use_multiprocessing,
                               max_queue_size=max_queue_size, shuffle=False)
 
         while state.epoch < epochs:
-            size = _horovod.size()
+            size = collectives.size()
             if len(dataset) - state.position < size:  # fewer batches left than ranks: the epoch is done
                 state.epoch, state.position = state.epoch + 1, 0
                 state.commit()
                 continue
-            shard = _EpochShard(dataset, state.epoch, _horovod.rank(), size, state.position)
+            shard = _EpochShard(dataset, state.epoch, collectives.rank(), size, state.position)
             # Validation is split over this epoch's ranks too (FastLoader shards by the current size).
             val = loader_of(validation_data) if validation_data is not None else None
             try:
                 with loader_of(shard) as loader:
                     model.fit(loader, validation_data=val, initial_epoch=state.epoch, epochs=state.epoch + 1,
-                              verbose=_horovod.verbose() if verbose is None else verbose,
+                              verbose=collectives.verbose() if verbose is None else verbose,
                               callbacks=[_Commit(state, commit_every, size, len(loader)), *callbacks])
             finally:
                 if val is not None:

@@ -14,7 +14,7 @@ import keras
 import numpy as np
 
 from kfast._core import topology
-from kfast.distributed import _horovod
+from kfast.distributed import collectives
 
 
 def sum_metric_states(model: keras.Model) -> None:
@@ -35,13 +35,13 @@ def sum_metric_states(model: keras.Model) -> None:
     >>> {k: float(v) for k, v in model.get_metrics_result().items()} == before
     True
     """
-    if _horovod.size() == 1 or topology.one_step_for_all():
+    if collectives.size() == 1 or topology.one_step_for_all():
         return  # one process's states; or the JAX engine's, the whole job's already (kfast/distributed/_jax.py)
     variables = [v for metric in model.metrics for v in metric.variables]
     if not variables:
         return
     values = [np.asarray(keras.ops.convert_to_numpy(v), dtype=np.float64) for v in variables]
-    total = np.asarray(_horovod.allreduce_sum_values(np.concatenate([v.ravel() for v in values]).tolist()))
+    total = np.asarray(collectives.allreduce_sum_values(np.concatenate([v.ravel() for v in values]).tolist()))
     at = 0
     for v, value in zip(variables, values):
         v.assign(total[at:at + value.size].reshape(value.shape).astype(v.dtype))

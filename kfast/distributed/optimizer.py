@@ -31,7 +31,7 @@ from keras import ops
 
 from kfast._core import topology
 from kfast._core.checks import check_int
-from kfast.distributed import _horovod
+from kfast.distributed import collectives
 
 # What `compression=` accepts (kfast.plan too): None sends gradients as they are, "fp16" as float16.
 COMPRESSIONS = (None, "fp16")
@@ -139,9 +139,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             # Every floating type goes as float16, float64 too, as Horovod's Compression.fp16 does.
             sent = [None if g is None else ops.cast(g, "float16") if keras.backend.is_float_dtype(g.dtype) else g
                     for g in dense]
-            out = [None if g is None else ops.cast(g, d) for g, d in zip(_horovod.allreduce_average(sent), dtypes)]
+            out = [None if g is None else ops.cast(g, d) for g, d in zip(collectives.allreduce_average(sent), dtypes)]
         else:
-            out = _horovod.allreduce_average(dense, name="kfast.grads")
+            out = collectives.allreduce_average(dense, name="kfast.grads")
         if carries:
             self._stop_seen.assign(out.pop())
         return out

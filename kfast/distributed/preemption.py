@@ -5,13 +5,14 @@ within a bound instead.
 Spot VMs, Kubernetes and Slurm all announce the end with a signal and a grace period (30 s by default on
 Kubernetes, a chosen signal some seconds or minutes ahead on Slurm, about 30 s to 2 min on spot VMs). The
 signal may reach one rank and not another, and ranks notice it at different moments, so the ranks agree
-between steps (`PreemptionWatch.agree`): with a `kfast.DistributedOptimizer` each rank's note rides inside
-the gradients' allreduce, which every rank issues at every step anyway (no collective of its own, one step
-later); with any other optimizer the notes are summed in one allreduce per step. A non-zero sum stops every
-rank after that same step. The signals are caught through `kfast._core.signal_handling`, which owns
-every handler kfast installs: the note is taken the moment the signal arrives, from a thread of its own,
-so that when the main thread is stuck (a batch that never comes, a peer gone), a timer started then ends
-the process after `timeout` seconds, with the loaders closed and no half-written checkpoint, and says so.
+between steps (`PreemptionWatch.agree`): with a `kfast.DistributedOptimizer` under Horovod each rank's note
+rides inside the gradients' allreduce, which every rank issues at every step anyway (no collective of its own,
+one step later); otherwise (any other optimizer, or the JAX engine) the ranks vote in one small collective per
+step, on either engine (NOTE [ The vote ]). A note on any rank stops every rank after that same step. The
+signals are caught through `kfast._core.signal_handling`, which owns every handler kfast installs: the note is
+taken the moment the signal arrives, from a thread of its own, so that when the main thread is stuck (a batch
+that never comes, a peer gone), a timer started then ends the process after `timeout` seconds, with the
+loaders closed and no half-written checkpoint, and says so.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kfast._core import signal_handling
-from kfast.distributed import _horovod
+from kfast.distributed import collectives
 
 # The exit status of a run stopped by preemption after its step checkpoint was written: EX_TEMPFAIL of
 # sysexits.h, "a temporary failure; the user is invited to retry". A scheduler requeues on it.
@@ -89,13 +90,21 @@ def leave(stopped: Preempted) -> None:
     Why at once: horovodrun stops the other ranks with SIGTERM when one exits, so ranks that each took
     seconds to unwind (TensorFlow's shutdown) would be reported as killed, or cut rank 0's file short.
     """
-    if _horovod.size() == 1:
+    if collectives.size() == 1:
         raise stopped
     signal_handling.ignore_terminations()  # horovodrun's SIGTERM for a peer's exit must not change the status
-    _horovod.broadcast_object(None, root_rank=0)  # rank 0 wrote its checkpoint before it got here
+    collectives.broadcast_object(None, root_rank=0)  # rank 0 wrote its checkpoint before it got here
     # After the clean-ups, a last meeting: horovodrun reports the first rank to end and stops the others
     # through their shells, so a rank ending tens of ms after it (a slower clean-up) was listed as 143.
-    signal_handling.end(RESUMABLE_EXIT, "", last=lambda: _horovod.broadcast_object(None, root_rank=0))
+    signal_handling.end(RESUMABLE_EXIT, "", last=lambda: collectives.broadcast_object(None, root_rank=0))
+
+
+# NOTE [ The vote ]
+# Each rank hands three ints to one element-wise maximum (`collectives.allreduce_max_ints`): the number of the
+# signal it noted (0 for none), and its count of votes so far and that count negated. The first maximum names
+# the signal that stops every rank; the other two are the largest and (negated) the smallest count, which differ
+# only when the ranks vote at different steps: a rank that skipped a step would pair its collectives with
+# another step's, so that is an error on every rank alike, not a stop at some step.
 
 
 @dataclasses.dataclass
@@ -122,6 +131,7 @@ class PreemptionWatch:
         self._lock = threading.Lock()
         self._active = False
         self._sent = False  # this rank's note is in the optimizer's exchange
+        self._votes = 0  # the votes this rank took part in (NOTE [ The vote ])
 
     def start(self) -> None:
         """Catches the signals (from the main thread only; elsewhere there is nothing to catch with)."""
@@ -175,22 +185,32 @@ class PreemptionWatch:
     def agree(self, optimizer: Any = None) -> str | None:
         """Called by every rank between every two steps: the name of the signal that stops them all now, or None.
 
-        With a `kfast.DistributedOptimizer`, the notes travel inside the gradients' allreduce (no collective
-        of its own: one step later, but free); otherwise they are summed in an allreduce here.
+        With a `kfast.DistributedOptimizer` under Horovod, the notes travel inside the gradients' allreduce (no
+        collective of its own: one step later, but free); otherwise the ranks vote (NOTE [ The vote ]).
+
+        Raises:
+            RuntimeError: on every rank, when the ranks voted at different steps.
         """
         mine = self.requested()
-        if _horovod.size() > 1:
-            if getattr(optimizer, "carries_stop", lambda: False)():
-                if mine and not self._sent:
-                    optimizer.note_stop()
-                    self._sent = True
-                if not optimizer.stop_agreed():
-                    return None
-            elif not _horovod.allreduce_sum_values([1.0 if mine else 0.0])[0]:
+        if collectives.size() == 1:
+            return signal.Signals(mine).name if mine else None
+        if getattr(optimizer, "carries_stop", lambda: False)():
+            if mine and not self._sent:
+                optimizer.note_stop()
+                self._sent = True
+            if not optimizer.stop_agreed():
                 return None
-        elif not mine:
+            return signal.Signals(mine).name if mine else "a signal on another rank"
+        self._votes += 1
+        agreed, most, fewest = collectives.allreduce_max_ints([mine or 0, self._votes, -self._votes])
+        if most != -fewest:
+            raise RuntimeError(f"kfast's preemption vote found the ranks at different steps of this fit (vote "
+                               f"{-fewest} to {most}; this rank's is {self._votes}): every rank must run the same "
+                               "steps. Give every rank the same number of batches (kfast.data.FastLoader with "
+                               "training=True shards them evenly).")
+        if not agreed:
             return None
-        return signal.Signals(mine).name if mine else "a signal on another rank"
+        return signal.Signals(mine).name if mine else f"{signal.Signals(agreed).name} on another rank"
 
     def reached_boundary(self) -> None:
         """The step finished: the bound no longer applies (the checkpoint is written next)."""

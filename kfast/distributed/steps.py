@@ -4,7 +4,7 @@ before the first step, naming every rank's count."""
 
 from __future__ import annotations
 
-from kfast.distributed import _horovod
+from kfast.distributed import collectives
 
 
 class UnequalStepsError(ValueError):
@@ -33,7 +33,7 @@ def check_equal_steps(steps: int | None) -> None:
 
     >>> check_equal_steps(12)  # one process: nothing to compare
     """
-    counts = _horovod.allgather_object(steps)
+    counts = collectives.allgather_object(steps)
     if len(counts) == 1 or (counts[0] is not None and len(set(counts)) == 1):
         return
     if None in counts:

@@ -51,22 +51,18 @@ _Problem = Callable[[str, str | None, str | None], None]
 
 
 def host_names(hosts: str | None = None, hostfile: str | None = None) -> list[str]:
-    """The host names of `-H host:slots,...` or of a horovodrun host file (`host slots=N` lines), in order.
+    """The host names of `-H host:slots,...` (a host without `:slots` too) or of a host file (`host slots=N` or
+    `host:N` lines), in order, each once.
 
     Raises:
-        ValueError: for a host file that cannot be read.
+        ValueError: for a host list of another form, or a host file that cannot be read or has a line of
+            another form.
     """
-    names: list[str] = []
-    if hosts:
-        names = [h.rsplit(":", 1)[0] for h in hosts.split(",") if h]
-    elif hostfile:
-        try:
-            with open(hostfile) as f:
-                lines = f.read().splitlines()
-        except OSError as e:
-            raise ValueError(f"cannot read the host file {hostfile!r} ({e.strerror}); pass an existing file.") from e
-        names = [line.split()[0] for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    return list(dict.fromkeys(names))
+    from kfast.cluster.hostfile import read_hostfile
+    from kfast.cluster.hosts import parse_host_list
+
+    found = parse_host_list(hosts, slots_optional=True) if hosts else read_hostfile(hostfile) if hostfile else None
+    return list(dict.fromkeys(host for host, _ in found.hosts)) if found else []
 
 
 def _local_addresses() -> set[str]:

@@ -1,8 +1,8 @@
 """What a training step keeps for its backward pass, read from the model's own layers.
 
-`trace` runs the model forward once on symbolic tensors (no memory, no compute; the backend's own shape
-inference, as `Layer.compute_output_spec` does) and records every layer call, nested ones included: what
-went in, what came out. `peak_bytes` then replays the backward pass over those calls in reverse and
+`trace` (kfast.planning.layer_calls) runs the model forward once on symbolic tensors (no memory, no compute)
+and records every layer call, nested ones included: what went in, what came out. `steps` turns the calls into
+what each keeps for the backward pass; `peak_bytes` then replays the backward pass over them in reverse and
 returns the most activation memory live at once.
 
 NOTE [ What the backward pass keeps ]
@@ -56,6 +56,9 @@ from typing import Any
 
 import keras
 import numpy as np
+
+from kfast.planning.layer_calls import LayerCall
+from kfast.planning.layer_calls import trace  # noqa: F401 - memory_model reads the calls through this module
 
 # Activations whose gradient is computed from their output alone.
 _FROM_OUTPUT = {"relu", "relu6", "sigmoid", "tanh", "softmax", "log_softmax", "elu", "exponential", "hard_sigmoid",
@@ -118,79 +121,6 @@ class Step:
     activation: bool = False  # its backward runs in two phases: the activation's, then the weights'
 
 
-@dataclass
-class _Call:
-    layer: Any
-    inputs: list[Any]
-    outputs: list[Any] = field(default_factory=list)
-    children: list[_Call] = field(default_factory=list)
-
-
-class _Forward(keras.layers.Layer):
-    """Runs the model in training mode; `compute_output_spec` traces it symbolically (this class keeps the
-    default `compute_output_shape`, so Keras runs `call` on the backend's symbolic tensors)."""
-
-    def __init__(self, model: keras.Model) -> None:
-        super().__init__(name="kfast_forward")
-        self._runs = [model]  # in a list: not tracked as a sublayer
-        self.seen: list[Any] = []
-
-    def call(self, x: Any) -> Any:
-        self.seen = _tensors(x)
-        return self._runs[0](x, training=True)
-
-
-def _tensors(structure: Any) -> list[Any]:
-    return [t for t in keras.tree.flatten(structure) if hasattr(t, "shape") and hasattr(t, "dtype")]
-
-
-def trace(model: keras.Model, x_spec: Any) -> tuple[list[_Call], list[Any]]:
-    """Every layer call of one symbolic training-mode forward pass of `model` on `x_spec` (KerasTensors of
-    a fixed batch), outermost calls last, and the symbolic inputs they started from. The layers' `call` is
-    wrapped on the instance for the trace only (as Keras wraps `build`), and put back after.
-
-    Example:
-
-    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu", name="h"),
-    ...                           keras.layers.Dense(2, name="o")])
-    >>> calls, inputs = trace(model, keras.KerasTensor((16, 8)))
-    >>> [(call.layer.name, tuple(call.outputs[0].shape)) for call in calls]
-    [('h', (16, 4)), ('o', (16, 2))]
-    >>> peak_bytes(steps(calls, inputs), float_bytes=4)  # h's relu output, its gradient, the pre-activation's
-    (768, 'h')
-    """
-    calls: list[_Call] = []
-    stack: list[_Call] = []
-    layers = list(model._flatten_layers(include_self=False))
-    # Operations between layers in a functional model (`x + y`, a residual's add) are steps too.
-    layers += [op for op in getattr(model, "operations", []) if not isinstance(op, keras.layers.Layer)]
-
-    def recording(layer: Any, call: Any) -> Any:
-        def record(*args: Any, **kwargs: Any) -> Any:
-            entry = _Call(layer, _tensors((args, kwargs)))
-            if stack:
-                stack[-1].children.append(entry)
-            stack.append(entry)
-            try:
-                out = call(*args, **kwargs)
-            finally:
-                stack.pop()
-            entry.outputs = _tensors(out)
-            calls.append(entry)
-            return out
-        return record
-
-    for layer in layers:
-        object.__setattr__(layer, "call", recording(layer, layer.call))
-    forward = _Forward(model)
-    try:
-        forward.compute_output_spec(x_spec)
-    finally:
-        for layer in layers:
-            object.__delattr__(layer, "call")
-    return calls, forward.seen
-
-
 def _kind(t: Any) -> str:
     dtype = keras.backend.standardize_dtype(t.dtype)
     return "float" if keras.backend.is_float_dtype(dtype) else dtype
@@ -226,7 +156,7 @@ class _Steps:
         out = [self.tensor(t) for t in ts]
         return [t for t in out if t.kind == "float" and t.key not in self.inputs]
 
-    def leaf(self, call: _Call) -> Step | None:
+    def leaf(self, call: LayerCall) -> Step | None:
         layer = call.layer
         idle = isinstance(layer, _L.Dropout) and not 0 < getattr(layer, "rate", 0) < 1
         if (isinstance(layer, _VIEWS) or idle) and len(call.inputs) == 1 and len(call.outputs) == 1:
@@ -276,7 +206,7 @@ class _Steps:
             step.temporary += [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"]
         return step
 
-    def own(self, call: _Call, made: set[int]) -> Step:
+    def own(self, call: LayerCall, made: set[int]) -> Step:
         """The composite layer's own code: it uses what its sublayers made and no sublayer took, and makes
         what sublayers take that no one made."""
         taken = {id(t) for child in call.children for t in child.inputs}
@@ -301,7 +231,7 @@ class _Steps:
             step.temporary = [Tensor(-1, scores, "float32")] * 2  # gradients of the probabilities and scores
         return step
 
-    def steps(self, call: _Call) -> list[Step]:
+    def steps(self, call: LayerCall) -> list[Step]:
         if not call.children:
             step = self.leaf(call)
             return [step] if step else []
@@ -319,7 +249,7 @@ class _Steps:
         return out
 
 
-def steps(calls: list[_Call], model_inputs: list[Any]) -> list[Step]:
+def steps(calls: list[LayerCall], model_inputs: list[Any]) -> list[Step]:
     """The forward pass as `Step`s in execution order, from `trace`'s calls."""
     builder = _Steps(model_inputs)
     children = {id(child) for call in calls for child in call.children}
@@ -334,7 +264,15 @@ def peak_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -
     """The activation memory live at the peak of the backward pass of `forward` (see NOTE [ What the
     backward pass keeps ]), with floating values of `float_bytes` each, and the step where it happens. The
     peak is the step where activations and the weight gradients made so far (`gradient_bytes` per value)
-    hold the most together; the activations there are returned."""
+    hold the most together; the activations there are returned.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu", name="h"),
+    ...                           keras.layers.Dense(2, name="o")])
+    >>> peak_bytes(steps(*trace(model, keras.KerasTensor((16, 8)))), float_bytes=4)  # h's output, 2 gradients
+    (768, 'h')
+    """
     needed_by: dict[int, int] = {}
     sizes: dict[int, int] = {}
     produced: dict[int, int] = {}

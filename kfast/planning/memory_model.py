@@ -9,6 +9,7 @@ shapes. Data parallel holds the same on every device. A `(data, model)` mesh spl
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict
 from dataclasses import dataclass
 from typing import Any
@@ -201,6 +202,13 @@ class MemoryModel:
                                  f"{type(e).__name__}: {e} Pass the batch you train on (batch=), or check that the "
                                  "model's call() accepts it.") from e
             self._steps.append(activations.steps(calls, seen))
+        unread = sorted({f"{type(c.layer).__name__} {c.layer.name!r}" for c in calls if c.unread})
+        if unread:
+            # Said, never silently low: what a layer keeps inside is read from Keras's graph of its call.
+            warnings.warn(f"kfast's memory estimate counts {', '.join(unread)} as one layer each: their call() does "
+                          "not run on KerasTensors (a loop over time steps, a backend function), so what they keep "
+                          "inside for the backward pass is not in the estimate, which is low by that much. On Keras's "
+                          "JAX backend, plan with compiled=True for XLA's own number.", stacklevel=3)
 
     def _activation_line(self, float_bytes: int) -> tuple[float, float, str]:
         """(bytes at batch 0, bytes per sample, where the peak is) for floating values of `float_bytes`."""

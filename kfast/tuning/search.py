@@ -54,9 +54,11 @@ class TuneResult:
     def max_queue_size(self) -> int:
         return self.settings.max_queue_size
 
-    def loader(self, dataset: Any, **kwargs: Any) -> FastLoader:
-        """Returns a FastLoader over `dataset` with the chosen settings (`shuffle`, `seed` pass through)."""
-        return FastLoader(dataset, **self.settings, **kwargs)
+    def loader(self, dataset: Any, *, training: bool = True, **kwargs: Any) -> FastLoader:
+        """Returns a FastLoader over `dataset` with the chosen settings: by default the data `fit` trains on
+        (`training=True`: shuffled, each rank its shard); `training=False` for data to evaluate or predict on.
+        `shuffle`, `seed` and the other FastLoader arguments pass through."""
+        return FastLoader(dataset, training=training, **self.settings, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.settings.to_dict(), "batches_per_s": self.batches_per_s, "trials": self.trials}

@@ -107,3 +107,27 @@ def test_a_keras_epoch_over_a_loader_is_marked_only_while_keras_reads_it():
         model.fit(loader, epochs=2, verbose=0, callbacks=[Look()])
         assert marks == [before + 1] * 8
         assert len(interrupt._reads) == before
+
+
+def test_a_ctrl_c_that_a_later_handler_took_over_is_not_timed_by_kfast(tmp_path):
+    # A test (tests/data/test_ring.py) installed Python's own SIGINT handler over kfast's and raised SIGINT while
+    # an earlier Keras epoch over a loader had never ended: kfast, not hearing the main thread's answer, ended
+    # the whole pytest process with 130 once the bound ran out. A handler installed after kfast's owns Ctrl-C.
+    script = tmp_path / "later.py"
+    script.write_text(
+        "import signal, time\n"
+        "import numpy as np\n"
+        "from kfast.data import ArrayDataset, FastLoader\n"
+        "loader = FastLoader(ArrayDataset(np.zeros((4, 1)), batch_size=2), workers=1, use_multiprocessing=False)\n"
+        "loader.on_epoch_begin()  # a Keras epoch that began and never ended (its fit raised)\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "try:\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "    time.sleep(5)\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
+        "time.sleep(3)  # past the bound\n"
+        "print('alive', flush=True)\n")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KFAST_CTRL_C_BOUND_S": "1"}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "alive"), proc.stderr[-2000:]

@@ -1,5 +1,6 @@
-"""A FastLoader in Keras's loops orders batches as Keras orders a PyDataset's: shuffled in `fit` unless
-`fit(shuffle=False)`, in index order in `evaluate`, `predict` and a plain loop (issue 25)."""
+"""A FastLoader's order is its own (issues 25, 46): training data (`training=True`) is shuffled each epoch,
+anything else read in index order, in `fit`, `evaluate`, `predict` and a plain loop alike; `shuffle=` fixes it
+either way, and `fit(shuffle=...)` never reaches the loader (Keras passes its own data adapter through)."""
 
 import keras
 import numpy as np
@@ -42,9 +43,9 @@ def _epochs(seen, epochs):
     return [seen[len(seen) - (epochs - e) * N:len(seen) - (epochs - e - 1) * N] for e in range(epochs)]
 
 
-def _fit_orders(epochs=3, processes=False, fit_kwargs=None, **loader_kwargs):
+def _fit_orders(epochs=3, processes=False, fit_kwargs=None, training=True, **loader_kwargs):
     seen = []
-    with FastLoader(_data(), workers=2, use_multiprocessing=processes, **loader_kwargs) as loader:
+    with FastLoader(_data(), training=training, workers=2, use_multiprocessing=processes, **loader_kwargs) as loader:
         _model(seen).fit(loader, epochs=epochs, verbose=0, **(fit_kwargs or {}))
     return _epochs(seen, epochs)
 
@@ -58,8 +59,9 @@ def test_fit_shuffles_each_epoch_anew_in_the_order_the_seed_fixes(processes):
     assert _fit_orders(processes=processes, seed=8) != orders
 
 
-def test_fit_shuffle_false_keeps_index_order():
-    assert _fit_orders(fit_kwargs={"shuffle": False}, seed=7) == [list(range(N))] * 3
+def test_fit_shuffle_never_reaches_the_loader_and_other_data_keeps_index_order():
+    assert _fit_orders(fit_kwargs={"shuffle": False}, seed=7) == _fit_orders(seed=7) != [list(range(N))] * 3
+    assert _fit_orders(training=False, seed=7) == [list(range(N))] * 3
 
 
 def test_the_loaders_own_shuffle_false_wins_over_fits_default():
@@ -71,12 +73,13 @@ def test_the_loaders_own_shuffle_true_wins_over_fit_shuffle_false():
     assert orders == _fit_orders(shuffle=True, seed=7) != [list(range(N))] * 3
 
 
-def test_evaluate_and_predict_after_a_shuffled_fit_read_in_index_order():
+def test_evaluate_and_predict_on_data_that_is_not_training_data_read_in_index_order():
     seen = []
     model = _model(seen)
-    with FastLoader(_data(), workers=2, use_multiprocessing=False, seed=3) as loader:
+    with FastLoader(_data(), training=True, workers=2, use_multiprocessing=False, seed=3) as loader:
         model.fit(loader, epochs=2, verbose=0)
         assert _epochs(seen, 1)[0] != list(range(N))  # seed 3 shuffles both epochs: not in order by chance
+    with FastLoader(_data(), workers=2, use_multiprocessing=False, seed=3) as loader:
         del seen[:]
         model.evaluate(loader, verbose=0)
         assert seen == list(range(N))

@@ -154,8 +154,8 @@ def test_set_random_seed_gives_fit_the_same_order_twice():
         keras.utils.set_random_seed(seed)
         model = keras.Sequential([keras.Input((1,)), Note(), keras.layers.Dense(1)])
         model.compile("sgd", "mse", run_eagerly=True)
-        with FastLoader(_data(), workers=2, use_multiprocessing=False) as loader:
-            model.fit(loader, epochs=2, verbose=0)  # fit's shuffle=True: a permutation per epoch
+        with FastLoader(_data(), training=True, workers=2, use_multiprocessing=False) as loader:
+            model.fit(loader, epochs=2, verbose=0)  # training data: a permutation per epoch
         return seen[-2 * N:]
 
     one, two, three = orders(3), orders(3), orders(4)

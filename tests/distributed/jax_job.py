@@ -99,7 +99,7 @@ class Record(keras.callbacks.Callback):
 model = build()
 model.compile(kfast.DistributedOptimizer(keras.optimizers.SGD(args.lr, momentum=0.9)), loss)
 data = kfast.data.ArrayDataset(x, y, batch_size=args.batch)
-with kfast.data.FastLoader(data, workers=1) as loader:
+with kfast.data.FastLoader(data, training=True, workers=1) as loader:
     initial_epoch = kfast.distributed.restore(model, checkpoints, loader=loader) if args.resume else 0
     callbacks = [Record(), *kfast.distributed.default_callbacks(checkpoints, warmup_epochs=args.warmup_epochs, monitor="loss",
                                                                 save_freq=4, loader=loader)]

@@ -130,7 +130,7 @@ model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
 model.compile(kfast.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss, metrics=[BatchIndex()],
               jit_compile=False)
 checkpoints = os.path.join(args.dir, "checkpoints")
-with kfast.data.FastLoader(Indexed(args.stuck_at, args.marker), workers=2, use_multiprocessing=args.processes,
+with kfast.data.FastLoader(Indexed(args.stuck_at, args.marker), training=True, workers=2, use_multiprocessing=args.processes,
                            seed=args.seed) as loader:
     # The loader's position is saved in each checkpoint and handed back by restore(), both through loader=.
     initial_epoch = kfast.distributed.restore(model, checkpoints, loader=loader) if args.resume else 0

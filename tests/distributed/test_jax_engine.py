@@ -64,13 +64,23 @@ def test_the_collectives_carry_objects_and_exact_float64_between_processes(tmp_p
         assert r["broadcast"] == ["from", 1, [0, 1, 2]]
         assert r["sums"] == [0.1 + 0.2, 2e-300, 2.0 ** 61 + 1]  # float64 as Python adds them, not float32
         assert r["means"] == [0.5, 3.0] and r["average"] == [0.5, 0.5]
+        # A broadcast moves one copy: the length (8 bytes), then the N pickled bytes, from either root; an
+        # all-gather of every process's bytes would hand each process N x 2.
+        for root in ("0", "1"):
+            b = r["broadcasts"][root]
+            assert b["exact"] and b["moved"] == [["broadcast_one_to_all", 8], ["broadcast_one_to_all", b["pickled"]]]
+        # The vote: one all-gather of 3 int32 per process, and the signal process 1 noted, named on both.
+        assert r["maximum"] == [[5, 7, 0], [["process_allgather", 2 * 3 * 4]]]
+        assert r["votes"][0] == [None, [["process_allgather", 24]]]
+        assert r["votes"][1] == [["SIGTERM on another rank", "SIGTERM"][r["rank"]], [["process_allgather", 24]]]
         # An uneven split would leave one process waiting for ever in its extra step: both say why instead.
-        assert r["uneven"] == ("evaluate() on the JAX engine reads a FastLoader of 5 batches over 2 processes, and "
-                               "each step is one program over all of them, so every process needs the same number of "
-                               "batches, all full: give it a multiple of 2 batches; with batches of 8, a multiple of "
-                               "16 samples (the last batch full).")
+        assert r["uneven"] == ("FastLoader got a dataset of 5 batches to evaluate or predict on over 2 JAX processes; "
+                               "each step is one program over all of them, so every process needs as many batches, all "
+                               "full: give it a multiple of 2 batches (with batches of B samples, a multiple of 2 x B "
+                               "samples).")
         assert r["elastic"].startswith("elastic_fit() needs the Horovod engine (Keras on TensorFlow)")
-        assert r["predict_arrays"].startswith("predict() over 2 JAX processes got ndarray; it reads a kfast.data.FastLoader")
+        assert r["predict_arrays"].startswith("kfast.distributed.predict over 2 JAX processes got ndarray; it reads a "
+                                         "kfast.data.FastLoader")
         rows = np.stack([np.arange(48), np.arange(48) % 7], 1)
         assert r["predicted"] == (rows @ [1.0, 1000.0] + 0.5).tolist()  # the whole set, in order, on each process
 
@@ -167,6 +177,19 @@ print("REPORT " + json.dumps({"rank": kfast.distributed.rank(), "size": kfast.di
                               "initial_epoch": initial_epoch, "val_loss": model.history.history.get("val_loss"),
                               "weights": [float(abs(w).sum()) for w in model.get_weights()]}), flush=True)
 '''
+
+
+def test_a_users_own_data_parallel_and_a_loader_read_every_batch_once_with_equal_steps(tmp_path):
+    # Keras shards a PyDataset under its own multi-process DataParallel but passes a data adapter through: the
+    # loader follows Keras's split (without kfast.distributed.init), or each process would read every batch.
+    proc = subprocess.run([KFAST, "launch", "-np", "2", os.path.join(HERE, "jax_own_distribution.py")],
+                          env=_env(1), capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = _reports(proc.stdout)
+    assert [r["rank"] for r in reports] == [0, 1]
+    assert sorted(reports[0]["serves"] + reports[1]["serves"]) == list(range(12))  # every batch once
+    assert reports[0]["serves"] == [0, 2, 4, 6, 8, 10]
+    assert reports[0]["steps"] == reports[1]["steps"] == 2 * 6  # two epochs of 6 steps on each process
 
 
 def _reports(out):

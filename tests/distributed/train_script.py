@@ -78,7 +78,7 @@ def uneven(out):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import datasets
 
-    loader = kfast.data.FastLoader(datasets.Regression(n=7, batch_size=B), workers=1, use_multiprocessing=False)
+    loader = kfast.data.FastLoader(datasets.Regression(n=7, batch_size=B), training=True, workers=1, use_multiprocessing=False)
     model = make_model(seed=0, optimizer=kfast.DistributedOptimizer(keras.optimizers.SGD(0.01)))
     steps = []
 

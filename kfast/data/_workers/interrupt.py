@@ -32,6 +32,8 @@ import os
 import signal
 import sys
 import threading
+import weakref
+from typing import Any
 from typing import NoReturn
 
 from kfast._core import signal_handling
@@ -40,7 +42,7 @@ BOUND_VARIABLE = "KFAST_CTRL_C_BOUND_S"
 _DEFAULT_BOUND_S = 20.0
 
 _reads_lock = threading.Lock()
-_reads: set[int] = set()  # tokens of the Keras epochs under way over a FastLoader
+_reads: dict[int, weakref.ref[Any]] = {}  # token -> the FastLoader a Keras epoch under way reads
 _tokens = itertools.count()
 
 
@@ -68,26 +70,30 @@ def stop_bound() -> float | None:
     return bound if bound > 0 else None
 
 
-def keras_read_begins() -> int:
-    """Marks a Keras epoch over a FastLoader as under way; returns its token for `keras_read_ends`."""
+def keras_read_begins(loader: Any) -> int:
+    """Marks a Keras epoch over `loader` as under way; returns its token for `keras_read_ends`. A loader that is
+    gone, or closed, reads nothing any more (an epoch ended by an exception never gets its end)."""
     token = next(_tokens)
     with _reads_lock:
-        _reads.add(token)
+        _reads[token] = weakref.ref(loader)
     return token
+
+
+def _reading() -> bool:
+    with _reads_lock:
+        return any(getattr(ref(), "_read_token", None) == token for token, ref in _reads.items())
 
 
 def keras_read_ends(token: int) -> None:
     """Marks the Keras epoch of `token` as over."""
     with _reads_lock:
-        _reads.discard(token)
+        _reads.pop(token, None)
 
 
 def _heard_interrupt() -> None:
     """From the watch thread, at each Ctrl-C (just noted): in a script where Keras reads a FastLoader, times the
     main thread's answer."""
-    with _reads_lock:
-        reading = bool(_reads)
-    bound = stop_bound() if reading and not interactive() else None  # a notebook survives Ctrl-C
+    bound = stop_bound() if _reading() and not interactive() else None  # a notebook survives Ctrl-C
     if bound is None:
         return
     timer = threading.Timer(bound, _check_answered, (signal_handling.last_interrupt(), bound))
@@ -96,9 +102,8 @@ def _heard_interrupt() -> None:
 
 
 def _check_answered(arrived: float, bound: float) -> None:
-    with _reads_lock:
-        reading = bool(_reads)
-    if not reading or signal_handling.answered(arrived):
+    # A SIGINT handler installed after kfast's owns Ctrl-C: whether the main thread answered is not kfast's to say.
+    if not _reading() or not signal_handling.hears_answers() or signal_handling.answered(arrived):
         return
     sys.stderr.write(f"\nkfast: Ctrl-C {bound:g} s ago has not reached Python's main thread, which is inside a Keras "
                      "call reading a FastLoader. Where every thread is:\n")
@@ -118,7 +123,8 @@ def since(start: float, grace: float) -> bool:
     whenever it is not stuck waiting for this loader. A Ctrl-C the main thread answered does not count (a script
     that catches KeyboardInterrupt and evaluates in its handler must not be ended by it).
     """
-    return signal_handling.interrupted(start, grace) and not signal_handling.answered(signal_handling.last_interrupt())
+    return signal_handling.interrupted(start, grace) and not (
+        signal_handling.hears_answers() and signal_handling.answered(signal_handling.last_interrupt()))
 
 
 def terminated(grace: float) -> int | None:

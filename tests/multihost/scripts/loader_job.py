@@ -23,7 +23,7 @@ args = parser.parse_args()
 kfast.distributed.init()
 rank = kfast.distributed.rank()
 data = kfast.data.ArrayDataset(np.arange(256 * 4, dtype="float32").reshape(256, 4), np.zeros(256), batch_size=16)
-loader = kfast.data.FastLoader(data, workers=2)
+loader = kfast.data.FastLoader(data, training=True, workers=2)
 batches = iter(loader)
 x, _ = next(batches)
 kfast.distributed.allreduce_mean_values([1.0])  # every rank has its loader
