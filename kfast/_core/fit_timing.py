@@ -159,8 +159,7 @@ def _unbuilt(model: keras.Model, metrics: bool = False) -> bool:
     # model.build() on a subclassed model marks the model built while its layers are not (see the NOTE above).
     # Keras's JAX fit builds the compiled loss and metrics from a first look at the data when either is unbuilt,
     # which would take the first batch of a resumed epoch: a model compiled without metrics has only the loss.
-    if metrics and any(getattr(model, name, None) is not None and not getattr(model, name).built
-                       for name in ("_compile_metrics", "_compile_loss")):
+    if metrics and not keras_private.compiled_loss_and_metrics_built(model):
         return True
     return not model.built or not all(layer.built for layer in keras_private.sublayers(model, recursive=True))
 
@@ -186,7 +185,7 @@ def build_from_batch(model: keras.Model, batch: Any, caller: str = "kfast", metr
     strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's, where its variables must be made
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         try:
-            model._symbolic_build(data_batch=batch)
+            keras_private.symbolic_build(model, batch)
         except (ValueError, RuntimeError) as e:
             shapes = [tuple(np.shape(leaf)) for leaf in keras.tree.flatten(batch)]
             raise ValueError(f"{caller} got model {model.name!r}, not built yet, and building it from the data's "

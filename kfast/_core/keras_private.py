@@ -22,7 +22,8 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
 __all__ = ["DataAdapter", "class_weight_to_sample_weights", "jax_iterator", "numpy_iterator", "tensor_spec",
-           "torch_dataloader", "SPEC_BATCHES", "super_batch_iterator", "SymbolicCall", "sublayers", "symbolic_calls"]
+           "torch_dataloader", "SPEC_BATCHES", "super_batch_iterator", "SymbolicCall", "compiled_loss_and_metrics_built",
+           "sublayers", "symbolic_build", "symbolic_calls"]
 
 # Batches Keras looks at to find the tf.data signature of a PyDataset (its own adapter's number).
 SPEC_BATCHES: int = data_adapter_utils.NUM_BATCHES_FOR_TENSOR_SPEC
@@ -50,8 +51,8 @@ def sublayers(layer: Any, recursive: bool = False) -> list[Any]:
 
     >>> attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
     >>> _ = attention(np.zeros((1, 3, 8)), np.zeros((1, 3, 8)))  # built: its sublayers exist
-    >>> [layer.name for layer in sublayers(attention)], sublayers(keras.layers.Dense(1))
-    (['query', 'key', 'value', 'softmax', 'dropout', 'attention_output'], [])
+    >>> [type(layer).__name__ for layer in sublayers(attention)], sublayers(keras.layers.Dense(1))
+    (['EinsumDense', 'EinsumDense', 'EinsumDense', 'Softmax', 'Dropout', 'EinsumDense'], [])
     """
     return list(layer._flatten_layers(include_self=False, recursive=recursive))
 
@@ -118,3 +119,20 @@ def symbolic_calls(inputs: list[Any], outputs: list[Any]) -> list[SymbolicCall]:
                 calls.append(SymbolicCall(node.operation, tuple(node.arguments.args), dict(node.arguments.kwargs),
                                           list(node.outputs)))
     return calls
+
+
+# --- Building what fit builds from its first batch (kfast._core.fit_timing) ---
+
+
+def symbolic_build(model: Any, batch: Any) -> None:
+    """Builds `model`'s variables, compiled loss and metrics and optimizer from `batch`, as `fit` does before its
+    first step. Keras private: `Trainer._symbolic_build`, the one routine that builds all of them together;
+    kfast needs it before a resumed epoch's first step (restore) and before diagnosing an unbuilt model."""
+    model._symbolic_build(data_batch=batch)
+
+
+def compiled_loss_and_metrics_built(model: Any) -> bool:
+    """Whether the loss and metrics `compile` gave are built (Keras's JAX fit otherwise builds them from a first
+    look at the data). Keras private: `Trainer._compile_loss` and `_compile_metrics`, which hold them."""
+    return all(getattr(model, name, None) is None or getattr(model, name).built
+               for name in ("_compile_metrics", "_compile_loss"))

@@ -85,8 +85,16 @@ class KerasEpochs(keras_private.DataAdapter):
                 # until this epoch ends (on_epoch_end).
                 warnings.filterwarnings("ignore", message=RAN_OUT)
                 self._quiet = warnings.filters[0]
-        for batch in it:
-            yield self._standardize(batch)
+        token = self._read_token  # the Keras epoch reading it (its on_epoch_begin came first)
+        try:
+            for batch in it:
+                yield self._standardize(batch)
+        except BaseException:  # Keras dropped it (a first look at one batch, a call that raised), or it failed
+            with self._lock:
+                if token is not None and self._read_token == token:
+                    interrupt.keras_read_ends(token)
+                    self._read_token = None
+            raise
 
     # -- Keras's DataAdapter ---------------------------------------------------------------------------
 

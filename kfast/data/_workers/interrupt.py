@@ -93,7 +93,11 @@ def keras_read_ends(token: int) -> None:
 def _heard_interrupt() -> None:
     """From the watch thread, at each Ctrl-C (just noted): in a script where Keras reads a FastLoader, times the
     main thread's answer."""
-    bound = stop_bound() if _reading() and not interactive() else None  # a notebook survives Ctrl-C
+    # A SIGINT handler installed after kfast's owns this Ctrl-C: whether the main thread answered it is not kfast's
+    # to say, also once that handler gives kfast's back. A notebook survives Ctrl-C.
+    if not signal_handling.hears_answers() or interactive() or not _reading():
+        return
+    bound = stop_bound()
     if bound is None:
         return
     timer = threading.Timer(bound, _check_answered, (signal_handling.last_interrupt(), bound))
@@ -102,7 +106,6 @@ def _heard_interrupt() -> None:
 
 
 def _check_answered(arrived: float, bound: float) -> None:
-    # A SIGINT handler installed after kfast's owns Ctrl-C: whether the main thread answered is not kfast's to say.
     if not _reading() or not signal_handling.hears_answers() or signal_handling.answered(arrived):
         return
     sys.stderr.write(f"\nkfast: Ctrl-C {bound:g} s ago has not reached Python's main thread, which is inside a Keras "
