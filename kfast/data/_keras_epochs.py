@@ -90,10 +90,11 @@ class KerasEpochs(keras_private.DataAdapter):
             for batch in it:
                 yield self._standardize(batch)
         except BaseException:  # Keras dropped it (a first look at one batch, a call that raised), or it failed
-            with self._lock:
-                if token is not None and self._read_token == token:
-                    interrupt.keras_read_ends(token)
-                    self._read_token = None
+            # No lock: a dropped generator is closed by the garbage collector in whatever thread it runs, maybe
+            # a worker thread while the reader holds the loader's lock waiting for that worker's batch.
+            if token is not None and self._read_token == token:
+                self._read_token = None
+                interrupt.keras_read_ends(token)
             raise
 
     # -- Keras's DataAdapter ---------------------------------------------------------------------------

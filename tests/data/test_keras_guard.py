@@ -4,6 +4,7 @@ to Python code (kfast.data._workers.interrupt), and leaves a script that answere
 import os
 import subprocess
 import sys
+import threading
 
 import keras
 import numpy as np
@@ -146,3 +147,20 @@ def test_a_ctrl_c_after_a_keras_call_that_raised_is_not_timed_by_kfast(tmp_path)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KFAST_CTRL_C_BOUND_S": "1"}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert (proc.returncode, proc.stdout.strip()) == (0, "alive"), proc.stderr[-2000:]
+
+
+def test_closing_a_dropped_keras_epoch_never_waits_for_the_loaders_lock():
+    # make test's GPU-check dry run hung: the garbage collector closed a dropped Keras epoch in a worker thread
+    # while the reader held the loader's lock waiting for that worker's batch, and the close took the lock.
+    x = np.arange(8, dtype="float32").reshape(-1, 1)
+    with FastLoader(ArrayDataset(x, x, batch_size=2), workers=1, use_multiprocessing=False) as loader:
+        loader.on_epoch_begin()  # as Keras's loop does
+        epoch = loader.get_numpy_iterator()
+        next(epoch)
+        with loader._lock:  # the reader, waiting for a batch
+            closer = threading.Thread(target=epoch.close, daemon=True)
+            closer.start()
+            closer.join(10)
+            assert not closer.is_alive(), "closing the epoch waited for the loader's lock"
+        assert loader._read_token is None and not interrupt._reading()
+        loader.on_epoch_end()

@@ -41,8 +41,9 @@ from kfast._core import signal_handling
 BOUND_VARIABLE = "KFAST_CTRL_C_BOUND_S"
 _DEFAULT_BOUND_S = 20.0
 
-_reads_lock = threading.Lock()
-_reads: dict[int, weakref.ref[Any]] = {}  # token -> the FastLoader a Keras epoch under way reads
+# token -> the FastLoader a Keras epoch under way reads. No lock: a mark may end from a generator's finalizer,
+# run by the garbage collector in any thread at any point; single dict operations are atomic under the GIL.
+_reads: dict[int, weakref.ref[Any]] = {}
 _tokens = itertools.count()
 
 
@@ -74,20 +75,17 @@ def keras_read_begins(loader: Any) -> int:
     """Marks a Keras epoch over `loader` as under way; returns its token for `keras_read_ends`. A loader that is
     gone, or closed, reads nothing any more (an epoch ended by an exception never gets its end)."""
     token = next(_tokens)
-    with _reads_lock:
-        _reads[token] = weakref.ref(loader)
+    _reads[token] = weakref.ref(loader)
     return token
 
 
 def _reading() -> bool:
-    with _reads_lock:
-        return any(getattr(ref(), "_read_token", None) == token for token, ref in _reads.items())
+    return any(getattr(ref(), "_read_token", None) == token for token, ref in dict(_reads).items())
 
 
 def keras_read_ends(token: int) -> None:
     """Marks the Keras epoch of `token` as over."""
-    with _reads_lock:
-        _reads.pop(token, None)
+    _reads.pop(token, None)
 
 
 def _heard_interrupt() -> None:
