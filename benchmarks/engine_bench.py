@@ -129,7 +129,8 @@ loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 rng = np.random.default_rng(hvd.rank())
 x = rng.normal(size=(steps * batch, 28, 28, 1)).astype("float32")
 y = rng.integers(0, 10, size=steps * batch).astype("int32")
-hvd.broadcast_variables(model.variables, root_rank=0)
+for v in model.variables:  # Keras 3 variables: Horovod's broadcast_variables wants tf.Variables
+    v.assign(hvd.broadcast(v.value, root_rank=0))
 
 
 @tf.function
