@@ -34,8 +34,11 @@ echo "Installing kfast with $keras and ${framework[*]} into $venv (pinned by ${p
 "$py" -m pip install -q --upgrade "pip>=24" "setuptools>=69" wheel
 # No extra: kfast's own requirements hold no TensorFlow, and the test extra's notebook tools are not needed here.
 tools=(pytest pytest-timeout pytest-xdist "${framework[@]}")
+# The JAX tier also compiles for a named GPU without one (kfast plan --device): the plan-gpu extra.
+kfast=.
+[[ $name == jax ]] && kfast=".[plan-gpu]"
 if [[ $keras == keras ]]; then
-  "$py" -m pip install -q "${constraints[@]}" -e . "${tools[@]}"
+  "$py" -m pip install -q "${constraints[@]}" -e "$kfast" "${tools[@]}"
 else
   # keras-nightly installs the same `keras` package as the `keras` distribution that setup.cfg requires, and two
   # distributions owning one folder break each other's uninstall: kfast goes in without its dependencies, which

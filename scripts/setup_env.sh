@@ -18,8 +18,9 @@ gpu=${KFAST_GPU:-}
 if [[ -z "$gpu" ]]; then
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then gpu=1; else gpu=0; fi
 fi
-# `docs`: MkDocs and mkdocstrings, for `make docs` and the --strict docs build in `make test`.
-if [[ "$gpu" == 1 ]]; then extras="gpu,test,docs"; hvd_flag=--gpu; else extras="cpu,test,docs"; hvd_flag=; fi
+# `docs`: MkDocs and mkdocstrings, for `make docs` and the --strict docs build in `make test`. `plan-gpu`: JAX and
+# its CUDA plugin, so that a TensorFlow user's step is compiled for a named GPU in a JAX process (tested here).
+if [[ "$gpu" == 1 ]]; then extras="gpu,test,docs,plan-gpu"; hvd_flag=--gpu; else extras="cpu,test,docs,plan-gpu"; hvd_flag=; fi
 
 echo "Installing kfast[$extras] (pinned by constraints.txt)"
 "$py" -m pip install -q --upgrade "pip>=24" "setuptools>=69" wheel

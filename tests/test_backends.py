@@ -69,6 +69,22 @@ def test_doctor_says_what_works_on_this_backend():
         assert not [p for p in report["problems"] if "Horovod is not installed" in p["problem"]]
 
 
+def test_doctor_says_whether_memory_planning_for_a_named_gpu_works_here_and_the_fix():
+    from kfast.planning import deviceless
+
+    report = doctor.collect()
+    text = doctor.format_report(report)
+    planning = [p for p in report["problems"] if "kfast plan --device" in p["problem"]]
+    if deviceless.available():  # the suite's venv and the JAX tier's: a small compile for an H100 ran
+        assert report["plan_gpu"] == {"works": True, "problem": None} and not planning
+        assert "plan --device works (compiles for a named GPU without one)" in text
+    else:  # the PyTorch tier's venv has no CUDA plugin
+        (problem,) = planning
+        assert report["plan_gpu"]["works"] is False and "jax-cuda12-plugin" in problem["problem"]
+        assert problem["severity"] == "warning" and "pip install 'kfast[plan-gpu]'" in problem["fix"]
+        assert "plan --device does not work here (see Problems)" in text
+
+
 @pytest.mark.parametrize("backend, name, fix", [("tensorflow", "TensorFlow", "kfast[gpu]"),
                                                 ("jax", "JAX", "jax[cuda13]"), ("torch", "PyTorch", "CUDA build")])
 def test_doctor_warns_when_the_backend_misses_the_gpu_nvml_sees(monkeypatch, backend, name, fix):

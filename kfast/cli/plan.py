@@ -29,6 +29,10 @@ def add(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch of synthetic inputs (default 32)")
     p.add_argument("--device-memory", metavar="SIZE",
                    help="one device's memory for the fit verdict, e.g. 80GB, 16GiB (default: the GPU's, via NVML)")
+    p.add_argument("--device", metavar="GPU",
+                   help="compile the step for this GPU without one here (H100, A100-80GB, ...; see "
+                        "kfast.planning.known_gpus()) for XLA's memory per device, the runtime's margin and, when "
+                        "it does not fit, the changes compiled; needs pip install 'kfast[plan-gpu]'")
     p.add_argument("--precision", choices=["float32", "mixed_float16", "mixed_bfloat16"],
                    help="predict memory for this dtype policy (default: the model's own)")
     p.add_argument("--plot", metavar="PNG", help="also write efficiency and throughput against ranks to PNG")
@@ -49,6 +53,7 @@ def _ranks(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from kfast.planning import link_probe
     from kfast.planning import parse_memory
+    from kfast.planning import GpuCompileUnavailable
     from kfast.planning import plan
 
     try:
@@ -57,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--latency goes with --bandwidth; pass both, or --hosts to measure them.")
         if args.device_memory is not None:
             parse_memory(args.device_memory)
+        if args.device is not None:
+            from kfast.planning import gpu_spec
+
+            gpu_spec(args.device)
         bandwidth, latency, source = args.bandwidth, args.latency, None
         if args.hosts:
             from kfast.cluster.hosts import parse_host_list
@@ -74,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = plan(model, dataset, ranks=ranks, bandwidth=bandwidth, latency=latency,
                       compression=args.compression, servers=args.servers, batch_size=args.batch_size,
-                      link_source=source, device_memory=args.device_memory, precision=args.precision)
-    except ValueError as e:
+                      link_source=source, device_memory=args.device_memory, device=args.device, precision=args.precision)
+    except (ValueError, GpuCompileUnavailable) as e:
         print(f"kfast plan: {e}", file=sys.stderr)
         return 2
     finally:

@@ -153,6 +153,17 @@ def _check_gpus(report: dict[str, Any]) -> None:
                  "so training runs on CPU.", _GPU_BUILDS[backend])
 
 
+def _check_gpu_planning(report: dict[str, Any]) -> None:
+    """Whether `kfast plan --device H100` can compile for a GPU here (a small compile in a JAX process)."""
+    from kfast.planning import deviceless
+
+    problem = deviceless.probe()
+    report["plan_gpu"] = {"works": problem is None, "problem": problem}
+    if problem is not None:
+        _problem(report, "warning", f"kfast plan --device (memory compiled for a named GPU) does not work here: "
+                 f"{problem}", f"{deviceless.INSTALL}; or plan with method='analytical'")
+
+
 def _check_platform(report: dict[str, Any], system: str = sys.platform) -> None:
     if system != "linux":
         _problem(report, "error", f"kfast runs on Linux only (its worker processes start from a fork server, use "
@@ -165,7 +176,8 @@ def collect() -> dict[str, Any]:
     Returns:
         A JSON-serialisable dict: `kfast`, `python`, `platform`, `keras` (with `backend`, the GPUs a JAX or
         PyTorch backend sees as `gpus`, and what kfast offers there as `works`), `tensorflow`, `tensorboard`,
-        `horovod`, `nvidia_ml_py`, `cpus`, `gpus`, `gpus_reason` and `problems` (each with `severity`,
+        `horovod`, `nvidia_ml_py`, `cpus`, `gpus`, `gpus_reason`, `plan_gpu` (whether memory planning for a
+        named GPU works here, with the problem when not) and `problems` (each with `severity`,
         `problem` and `fix`).
 
     Example:
@@ -193,6 +205,7 @@ def collect() -> dict[str, Any]:
     _check_tensorboard(report, tf_version, backend)
     _check_horovod(report, tf_version, backend)
     _check_gpus(report)
+    _check_gpu_planning(report)
     return report
 
 
@@ -243,6 +256,9 @@ def format_report(report: dict[str, Any]) -> str:
         rows.append(("horovod", "not installed"))
     rows.append(("nvidia-ml-py", f"{_or(nv['version'])}, driver {_or(nv['driver'], 'unavailable')}"))
     rows.append(("cpus", f"{report['cpus']['usable']} usable of {report['cpus']['total']}"))
+    if "plan_gpu" in report:
+        rows.append(("plan --device", "works (compiles for a named GPU without one)" if report["plan_gpu"]["works"]
+                     else "does not work here (see Problems)"))
     if report["gpus"]:
         for gpu in report["gpus"]:
             rows.append((f"gpu {gpu['index']}", f"{gpu['name']}, {gpu['memory_used_mib']}/"

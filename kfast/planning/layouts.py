@@ -34,8 +34,16 @@ def split_axis(shape: tuple[int, ...], model_axis: int) -> int | None:
     return None
 
 
-def _layouts(model: keras.Model, model_axis: int) -> dict[str, tuple[str | None, ...]]:
-    """{variable path: axes} for every variable that splits; the rest are replicated."""
+def variable_axes(model: keras.Model, model_axis: int) -> dict[str, tuple[str | None, ...]]:
+    """{variable path: mesh axis of each dimension} for every variable of `model` that splits over a model axis of
+    `model_axis` devices; the rest are replicated.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, name="a")], name="s")
+    >>> variable_axes(model, 2)
+    {'s/a/kernel': (None, 'model'), 's/a/bias': ('model',)}
+    """
     out: dict[str, tuple[str | None, ...]] = {}
     owners: dict[str, list[Any]] = {}
     for v in model.trainable_variables:
@@ -64,7 +72,7 @@ def split_paths(model: keras.Model, model_axis: int) -> set[str]:
     >>> sorted(split_paths(model, 4))
     ['s/a/bias', 's/a/kernel', 's/b/kernel']
     """
-    return set(_layouts(model, model_axis))
+    return set(variable_axes(model, model_axis))
 
 
 def propose_layout_map(model: keras.Model, mesh: keras.distribution.DeviceMesh | tuple[int, int]) -> Any:
@@ -109,6 +117,6 @@ def propose_layout_map(model: keras.Model, mesh: keras.distribution.DeviceMesh |
         raise ValueError(f"propose_layout_map got a mesh with axes {tuple(mesh.axis_names)}; it needs "
                          "('data', 'model').")
     layout_map = keras.distribution.LayoutMap(mesh)
-    for path, axes in _layouts(model, mesh.shape[list(mesh.axis_names).index("model")]).items():
+    for path, axes in variable_axes(model, mesh.shape[list(mesh.axis_names).index("model")]).items():
         layout_map[path] = axes
     return layout_map

@@ -15,9 +15,13 @@ import keras
 
 from kfast import nvml
 from kfast.planning import memory_fit
+from kfast.planning.device_memory import DeviceMemory
+from kfast.planning.device_memory import plan_device_memory
+from kfast.planning.estimate import zeros_batch
 from kfast.planning.memory_fit import MemoryFit
 from kfast.planning.memory_model import MemoryBreakdown
 from kfast.planning.memory_model import MemoryModel
+from kfast.planning.step_variants import StepVariant
 from kfast.planning.xla_memory import CompiledStepMemory
 from kfast.planning.xla_memory import compiled_step_memory
 
@@ -30,6 +34,8 @@ class MemoryReport:
         breakdown: the predicted `MemoryBreakdown` of the step as it is.
         fit: the `MemoryFit` against the device, or `None` when the device's memory is unknown.
         compiled: XLA's `CompiledStepMemory` of the same step (Keras on JAX), else `None`.
+        gpu: the step compiled for a named GPU (`DeviceMemory`: XLA's numbers, the margin, the verdict and the
+            compiled changes), when one was named, else `None`.
 
     Example:
 
@@ -37,16 +43,18 @@ class MemoryReport:
     >>> model.compile("adam", "mse")
     >>> report = plan_memory(model, batch_size=16, device_memory="1GB", compiled=False)
     >>> report.fit.fits, report.compiled, sorted(report.to_dict())
-    (True, None, ['breakdown', 'compiled', 'fit'])
+    (True, None, ['breakdown', 'compiled', 'fit', 'gpu'])
     """
 
     breakdown: MemoryBreakdown
     fit: MemoryFit | None
     compiled: CompiledStepMemory | None
+    gpu: DeviceMemory | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"breakdown": self.breakdown.to_dict(), "fit": self.fit.to_dict() if self.fit else None,
-                "compiled": self.compiled.to_dict() if self.compiled else None}
+                "compiled": self.compiled.to_dict() if self.compiled else None,
+                "gpu": self.gpu.to_dict() if self.gpu else None}
 
     def __str__(self) -> str:
         lines = str(self.breakdown).splitlines()
@@ -55,9 +63,11 @@ class MemoryReport:
             lines.append(f"  {self.compiled} (kfast's prediction {error:+.0%})")
         if self.fit:
             lines += self.fit.lines(self.breakdown.peak)
-        else:
+        elif not self.gpu:
             lines.append("fit: no GPU visible to NVML and no device memory given; pass device_memory= (kfast plan "
                          "--device-memory 80GB) for the verdict.")
+        if self.gpu:
+            lines += ["", str(self.gpu)]
         return "\n".join(lines)
 
 
@@ -74,7 +84,8 @@ def _gpu_memory() -> tuple[int, str] | None:
 
 def plan_memory(model: keras.Model, batch: Any = None, *, batch_size: int | None = None, precision: str | None = None,
                 accumulation: int | None = None, device_memory: str | float | None = None,
-                compiled: bool | None = None) -> MemoryReport:
+                compiled: bool | None = None, device: str | None = None,
+                method: str | None = None) -> MemoryReport:
     """Predicts one device's memory for a training step of `model`, says whether it fits, and what to change.
 
     Args:
@@ -86,6 +97,9 @@ def plan_memory(model: keras.Model, batch: Any = None, *, batch_size: int | None
         device_memory: the device's memory: bytes, or a string such as `"80GB"` or `"16GiB"`. Defaults to
             `None`: the first GPU's, through NVML; without one, no verdict.
         compiled: also compile the step and read XLA's analysis. Defaults to `None`: on JAX only.
+        device: also compile the step for this GPU by name (`"H100"`; see `kfast.planning.estimate_memory`):
+            the report's `gpu`. Defaults to `None`.
+        method: how to plan for `device`: `"compile"`, `"analytical"`, or `None` (compile where it works).
 
     Returns:
         A `MemoryReport`.
@@ -111,28 +125,24 @@ def plan_memory(model: keras.Model, batch: Any = None, *, batch_size: int | None
     if batch_size is None:
         batch_size = 32 if batch is None else int(keras.ops.shape(keras.tree.flatten(batch)[0])[0])
     now = memory_model.breakdown(batch_size, precision=precision, accumulation=accumulation)
-    gpu = None if given else _gpu_memory()
+    gpus_here = None if given or device is not None else _gpu_memory()
     fit = None
     if memory is not None:
         fit = memory_fit.check_fit(memory_model, now, memory)
-    elif gpu is not None:
-        fit = memory_fit.check_fit(memory_model, now, gpu[0], gpu[1])
+    elif gpus_here is not None:
+        fit = memory_fit.check_fit(memory_model, now, gpus_here[0], gpus_here[1])
     step = None
     if compiled or compiled is None and keras.backend.backend() == "jax":
         try:
-            step = compiled_step_memory(model, batch if batch is not None else _zeros(model), batch_size=now.micro_batch)
+            step = compiled_step_memory(model, batch if batch is not None else zeros_batch(model), batch_size=now.micro_batch)
         except Exception:
             if compiled:
                 raise
             # Asked for by default, XLA's numbers are a second opinion: a step XLA cannot compile on its own (one
             # that calls out to Horovod, say) leaves kfast's prediction standing alone.
-    return MemoryReport(now, fit, step)
-
-
-def _zeros(model: keras.Model) -> Any:
-    """A batch of zeros shaped like the model's inputs and (float32) outputs, for compiling only."""
-    import numpy as np
-
-    xs = [np.zeros((1,) + tuple(t.shape[1:]), keras.backend.standardize_dtype(t.dtype)) for t in model.inputs]
-    y = np.zeros((1,) + tuple(model.outputs[0].shape[1:]), "float32")
-    return (xs[0] if len(xs) == 1 else xs), y
+    gpu_plan = None
+    if device is not None:
+        gpu_plan = plan_device_memory(model, batch if batch is not None else zeros_batch(model), device=device,
+                                      variant=StepVariant(batch_size, (1, 1), precision, now.accumulation),
+                                      method=method)
+    return MemoryReport(now, fit, step, gpu_plan)

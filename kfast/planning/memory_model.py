@@ -1,4 +1,5 @@
-"""The per-device memory of one training step: `MemoryBreakdown`, and `estimate_memory` that predicts it.
+"""The per-device memory of one training step: `MemoryBreakdown`, and `MemoryModel` that predicts it
+(`kfast.planning.estimate_memory` is the front door).
 
 Model states (parameters, gradients, optimizer state) come from the model's variables and the optimizer's
 own slots; activations from the model's layers (`kfast.planning.activations`); the batch from the data's
@@ -53,7 +54,7 @@ class MemoryBreakdown:
 
     >>> model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu")])
     >>> model.compile("sgd", "mse")
-    >>> m = estimate_memory(model, batch_size=16)
+    >>> m = MemoryModel(model).breakdown(16)
     >>> m.model_states, m.peak == m.model_states + m.activations + m.batch  # SGD: no optimizer state
     (16640, True)
     """
@@ -273,51 +274,3 @@ def _input_specs(model: keras.Model, batch: Any) -> tuple[Any, float]:
     specs = keras.tree.map_structure(
         lambda a: keras.KerasTensor((None,) + tuple(np.shape(a))[1:], keras.backend.standardize_dtype(a.dtype)), x)
     return specs, per_sample
-
-
-def estimate_memory(model: keras.Model, batch: Any = None, *, batch_size: int | None = None,
-                    precision: str | None = None, accumulation: int | None = None,
-                    mesh: tuple[int, int] = (1, 1)) -> MemoryBreakdown:
-    """Predicts what one device holds at the peak of a training step of `model`.
-
-    Parameters, gradients and the optimizer's own slots (Adam 2 per value, SGD with momentum 1, ...);
-    the activations the backward pass keeps, read from the model's layers on symbolic tensors (nothing
-    runs, nothing is allocated); and the batch. See `MemoryBreakdown` for each part.
-
-    Args:
-        model: a compiled Keras model, built (with `keras.Input`, or called once).
-        batch: one batch as `fit` gets it, for its shapes and dtypes. Defaults to `None`: the model's
-            `keras.Input`s and float32 targets shaped like its output.
-        batch_size: samples per optimizer step on one data-parallel replica. Defaults to `None`: the
-            batch's own size, or 32.
-        precision: a Keras dtype policy: `"float32"`, `"mixed_float16"` or `"mixed_bfloat16"`. Defaults to
-            `None`: the model's own.
-        accumulation: backward passes per optimizer step; the batch splits into micro-batches of
-            `batch_size / accumulation`. Defaults to `None`: the optimizer's own (1 unless it accumulates).
-        mesh: `(data, model)` devices: kernels split over the model axis as
-            `kfast.planning.propose_layout_map` lays them out. Defaults to `(1, 1)`: data parallel.
-
-    Returns:
-        A `MemoryBreakdown`: print it, or read `peak` and its parts.
-
-    Raises:
-        ValueError: for a model without a batch dimension, a batch without a common first dimension, or
-            an unknown precision.
-
-    Example:
-
-    >>> model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu"),
-    ...                           keras.layers.Dense(10)])
-    >>> model.compile("adam", "mse")
-    >>> m = estimate_memory(model, batch_size=64)
-    >>> m.parameters, m.gradients, m.optimizer, m.activations, m.batch
-    (1093672, 1093672, 2187344, 786432, 68096)
-    >>> m.peak == m.parameters + m.gradients + m.optimizer + m.activations + m.batch
-    True
-    """
-    memory_model = MemoryModel(model, batch)
-    if batch_size is None:
-        batch_size = 32 if batch is None else int(np.shape(keras.tree.flatten(batch)[0])[0])
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"estimate_memory got batch_size={batch_size!r}; it must be a positive int.")
-    return memory_model.breakdown(batch_size, precision=precision, accumulation=accumulation, mesh=mesh)

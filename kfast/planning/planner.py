@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from kfast.planning import cost_model
+from kfast.planning import gpus
 from kfast.planning import memory_fit
 from kfast.planning.memory import MemoryReport
 from kfast.planning.memory import plan_memory
@@ -217,7 +218,7 @@ def _synthetic_batch(model: keras.Model, batch_size: int, seed: int = 0) -> tupl
 def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None = None,
          bandwidth: float | str | None = None, latency: float | str | None = None, compression: str | None = None,
          servers: int = 1, batch_size: int = 32, threshold: float = 0.8, steps: int = 10,
-         link_source: str | None = None, device_memory: str | float | None = None,
+         link_source: str | None = None, device_memory: str | float | None = None, device: str | None = None,
          precision: str | None = None) -> Plan:
     """Predicts step time, throughput and scaling efficiency of `model` on 1..N ranks.
 
@@ -244,6 +245,9 @@ def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None
         link_source: a note on where the link numbers came from. Defaults to `None`.
         device_memory: one device's memory, in bytes or a string such as `"80GB"` or `"16GiB"`, for the
             memory verdict. Defaults to `None`: the first GPU's, through NVML; without one, no verdict.
+        device: a GPU by name (`"H100"`, `kfast.planning.known_gpus()`): also compile the step for it without
+            one here, for XLA's memory numbers, the runtime's margin and, when it does not fit, the changes
+            compiled (`Plan.memory.gpu`). Defaults to `None`.
         precision: the dtype policy to predict memory for: `"float32"`, `"mixed_float16"` or
             `"mixed_bfloat16"`. Defaults to `None`: the model's own.
 
@@ -272,6 +276,8 @@ def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None
         memory_fit.parse_memory(device_memory)
     if precision is not None:
         check_precision(precision)
+    if device is not None:
+        gpus.gpu_spec(device)
     ranks = sorted(set(ranks or doublings(1024)))
     for n in ranks:
         check_int("kfast.plan", "ranks", n, hint="each a number of ranks >= 1")
@@ -287,7 +293,7 @@ def plan(model: keras.Model, dataset: Any = None, *, ranks: Iterable[int] | None
     batch_size = structure.batch_size(batch)
     compute_s = float(np.median(measure.compute_seconds(model, batch, steps=steps)))
     memory = plan_memory(model, batch, batch_size=batch_size * accumulation, precision=precision,
-                         accumulation=accumulation, device_memory=device_memory)
+                         accumulation=accumulation, device_memory=device_memory, device=device)
     parameters, nbytes, dtype = gradient_size(model, compression)
     fusion = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _FUSION_DEFAULT)) or nbytes or 1
     return Plan(name=model.name, parameters=parameters, gradient_bytes=nbytes, dtype=dtype,

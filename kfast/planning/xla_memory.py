@@ -20,6 +20,9 @@ import keras
 import numpy as np
 
 from kfast._core import fit_timing
+from kfast.planning import deviceless
+from kfast.planning import gpus
+from kfast.planning import layouts
 from kfast.planning.cost_model import human_bytes
 
 
@@ -32,8 +35,10 @@ class CompiledStepMemory:
         output: new weights and state, and the logs.
         alias: outputs written over donated arguments.
         temp: the step's working memory (gradients, activations, XLA's temporaries).
-        xla_peak: XLA's own `peak_memory_in_bytes` (on CPU, the arguments alone).
+        xla_peak: XLA's own `peak_memory_in_bytes` (on CPU, the arguments alone; on a GPU the heap
+            simulation's peak, which leaves out that the runtime allocates the working memory as one block).
         device: the device it was compiled for.
+        devices: how many such devices the step was split over; every number is per device.
 
     Example:
 
@@ -47,6 +52,7 @@ class CompiledStepMemory:
     temp: int
     xla_peak: int
     device: str
+    devices: int = 1
 
     @property
     def total(self) -> int:
@@ -57,33 +63,66 @@ class CompiledStepMemory:
         return {**asdict(self), "total": self.total}
 
     def __str__(self) -> str:
-        return (f"XLA's compiled step ({self.device}): {human_bytes(self.total)} = arguments "
+        where = self.device if self.devices == 1 else f"per device of {self.devices} x {self.device}"
+        return (f"XLA's compiled step ({where}): {human_bytes(self.total)} = arguments "
                 f"{human_bytes(self.argument)} + working memory {human_bytes(self.temp)} + outputs not aliased "
                 f"{human_bytes(self.output - self.alias)}")
 
 
-def _spec(array: Any, batch_size: int | None) -> Any:
+def _batch_spec(array: Any, batch_size: int | None, sharding: Any) -> Any:
     import jax
 
     shape = tuple(np.shape(array))
     if batch_size is not None and shape:
         shape = (batch_size,) + shape[1:]
-    return jax.ShapeDtypeStruct(shape, keras.backend.standardize_dtype(array.dtype))
+    dtype = keras.backend.standardize_dtype(array.dtype)
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) if sharding else jax.ShapeDtypeStruct(shape, dtype)
 
 
-def compiled_step_memory(model: keras.Model, batch: Any, *, batch_size: int | None = None) -> CompiledStepMemory:
+def _state(model: keras.Model, target: Any) -> tuple[Any, ...]:
+    """The step's state as Keras's JAX trainer passes it, as values (this machine) or as shapes laid on `target`'s
+    mesh: a kernel split as kfast's layout map splits it, its optimizer slots with it, everything else replicated."""
+    parts = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables,
+             model.metrics_variables)
+    if target is None:
+        return tuple([v.value for v in part] for part in parts)
+    import jax
+
+    mesh, replicated = target
+    axes = layouts.variable_axes(model, mesh.shape["model"]) if mesh.shape["model"] > 1 else {}
+    # Keras names an optimizer slot after its variable's path ("dense/kernel" -> "dense_kernel_momentum").
+    slots = {path.replace("/", "_"): a for path, a in axes.items()}
+
+    def spec(v: Any) -> Any:
+        a = axes.get(v.path) or next((a for prefix, a in slots.items() if v.name.startswith(prefix + "_")
+                                      and len(a) == len(v.shape)), None)
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*a)) if a else replicated
+        return jax.ShapeDtypeStruct(tuple(v.shape), keras.backend.standardize_dtype(v.dtype), sharding=sharding)
+
+    return tuple([spec(v) for v in part] for part in parts)
+
+
+def compiled_step_memory(model: keras.Model, batch: Any, *, batch_size: int | None = None,
+                         device: str | None = None, mesh: tuple[int, int] = (1, 1)) -> CompiledStepMemory:
     """Compiles `model`'s training step as Keras's JAX trainer does and returns XLA's memory analysis.
 
     Args:
         model: a compiled Keras model (built, or built here from `batch` as `fit` would).
         batch: one batch as `fit` gets it (`(x, y)` or `(x, y, sample_weight)`), for its shapes and dtypes.
-        batch_size: compile for this many samples instead of the batch's own. Defaults to `None`.
+        batch_size: compile for this many samples per data-parallel replica instead of the batch's own.
+            Defaults to `None`.
+        device: compile for this GPU (`"H100"`, `"A100-40GB"`: `kfast.planning.gpus.known_gpus()`), with no
+            GPU here. Defaults to `None`: this machine's device.
+        mesh: `(data, model)` devices of `device`: the batch split over "data", kernels over "model" as
+            `kfast.planning.propose_layout_map` lays them out; the numbers are per device. Defaults to `(1, 1)`.
 
     Returns:
         A `CompiledStepMemory`.
 
     Raises:
         RuntimeError: when Keras does not run on JAX.
+        ValueError: for an unknown GPU name, or a mesh on this machine's device.
+        GpuCompileUnavailable: when the GPU compile's packages are missing (the message says what to install).
 
     Example:
 
@@ -101,20 +140,37 @@ def compiled_step_memory(model: keras.Model, batch: Any, *, batch_size: int | No
     backend = keras.backend.backend()
     if backend != "jax":
         raise RuntimeError(f"compiled_step_memory reads XLA's analysis of the step Keras compiles on JAX; Keras "
-                           f"runs on {backend!r} here. Run with KERAS_BACKEND=jax (and jax installed).")
+                           f"runs on {backend!r} here. Run with KERAS_BACKEND=jax (and jax installed), or use "
+                           "kfast.planning.estimate_memory(..., device=...), which compiles in a JAX process.")
     import jax
 
+    spec = gpus.gpu_spec(device) if device is not None else None
+    placement = deviceless.Placement(*mesh)
+    if spec is None and placement.devices > 1:
+        raise ValueError(f"compiled_step_memory got mesh={mesh!r} without device=; a mesh is compiled for a named "
+                         "GPU (device='H100'), whose devices this machine need not have.")
     fit_timing.build_from_batch(model, batch, "compiled_step_memory", metrics=True)
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    state = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
-             [v.value for v in model.optimizer.variables], [v.value for v in model.metrics_variables])
+    target = deviceless.shardings(spec, placement) if spec else None
+    split = None
+    if target is not None:
+        split = jax.sharding.NamedSharding(target[0], jax.sharding.PartitionSpec("data"))
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    data = tuple(keras.tree.map_structure(lambda a: _spec(a, batch_size), part)
+    size = None if batch_size is None else batch_size * placement.data
+    if size is None and placement.data > 1:
+        size = int(np.shape(keras.tree.flatten(x)[0])[0]) * placement.data
+    data = tuple(keras.tree.map_structure(lambda a: _batch_spec(a, size, split), part)
                  for part in (x, y, sample_weight) if part is not None)
-    compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, data).compile()
-    analysis = compiled.memory_analysis()
+    lowered = jax.jit(model.train_step, donate_argnums=0).lower(_state(model, target), data)
+    try:
+        analysis = lowered.compile().memory_analysis()
+    except Exception as e:
+        if spec is None:
+            raise
+        raise deviceless.compile_error(spec, e) from e
+    kind = spec.description if spec else str(jax.devices()[0].device_kind)
     return CompiledStepMemory(
         argument=int(analysis.argument_size_in_bytes), output=int(analysis.output_size_in_bytes),
         alias=int(analysis.alias_size_in_bytes), temp=int(analysis.temp_size_in_bytes),
-        xla_peak=int(analysis.peak_memory_in_bytes), device=str(jax.devices()[0].device_kind))
+        xla_peak=int(analysis.peak_memory_in_bytes), device=kind, devices=placement.devices)
