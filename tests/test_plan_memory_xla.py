@@ -85,7 +85,9 @@ def _batch(model, size):
 @pytest.mark.parametrize("name", _models())
 def test_the_prediction_is_the_same_on_every_backend(name):
     # Read from the layers on symbolic tensors, the prediction does not depend on the backend that traced them.
-    expected = {"mlp": 196608, "cnn": 8585216, "transformer": 15204352}  # activations at batch 16
+    # The transformer's peak step at batch 16 is not the one at the traced batches 2 and 4: each step is a line
+    # in the batch, and the peak is taken at the batch asked for (15204352 when one line was drawn through the peaks).
+    expected = {"mlp": 196608, "cnn": 8585216, "transformer": 15728640}  # activations at batch 16
     model = MODELS[name]()
     assert estimate_memory(model, _batch(model, 16)).activations == expected[name], name
 

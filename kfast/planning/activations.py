@@ -10,18 +10,35 @@ A layer's backward pass needs some of its forward tensors; those stay in memory 
 that layer's backward has run (gradients of activations are produced and freed as the backward walks back).
 The rules, per layer call (a functional model's operations between layers, such as a residual's add, are
 steps too: an add keeps nothing, but its inputs' gradients flow from its backward):
+  - the backward pass runs only between a trainable weight and the loss: a tensor gets a gradient when a step
+    with trainable weights, or one whose inputs get one, made it. A step whose inputs get no gradient keeps only
+    what its own weights' gradient needs, and a frozen one nothing (a frozen base under a trained head; `layer.
+    trainable = False` leaves a layer no trainable weights);
   - a layer with trainable weights (Dense, Conv, EinsumDense...) keeps its floating inputs: the kernel's
-    gradient is a product with them (Embedding's input is integer ids: nothing kept);
+    gradient is a product with them (Embedding's input is integer ids: nothing kept); frozen, a layer linear in
+    its input (Dense, Conv, Embedding...) keeps nothing of it (its input's gradient needs the kernel alone).
+    LoRA (`enable_lora`) keeps the input: Keras multiplies it by the kernel plus the low-rank product;
   - a convolution (Conv1D/2D/3D) also keeps a second copy of its input, the batch included, re-laid-out with
     the batch as the contracted axis (XLA makes it in the forward pass for the kernel's gradient), and its
     backward holds its output's gradient re-laid-out the same way while that gradient is computed;
   - a normalisation layer keeps the centred input and the normalised values (two tensors of its output's
     size; the per-row statistics are small), not its input; layer normalisation also keeps its inverse
-    deviation and its scale broadcast to the input's whole shape (four tensors in all);
+    deviation and its scale broadcast to the input's whole shape (four tensors in all); batch normalisation in
+    inference mode (Keras's for a frozen one, `trainable=False`) is an affine map of its moving statistics and
+    keeps nothing;
   - an activation computed from its output (relu, sigmoid, tanh, softmax, elu) keeps the output; one that
     needs its input keeps that, plus the factors autodiff saves (gelu: 3 tensors, silu/swish and mish: 2,
     others 1), each the output's size;
-  - max pooling keeps its input and output; dropout (rate > 0) keeps a mask of one byte per value;
+  - max pooling keeps its input and output; dropout (rate > 0, training) keeps a mask of one byte per value;
+  - a recurrent layer (LSTM, GRU, SimpleRNN; Bidirectional holds two) loops over time on the backend, so its
+    call() is not read; autodiff keeps its loop's tensors for every time step, counted per sample and step as
+    measured in XLA's buffer assignment of Keras's JAX loop (jax 0.10.2, Keras 3.15): LSTM 13 x units (4 gate
+    pre-activations, 4 gate values, the cell state and its tanh, the previous hidden state, the new state and
+    the stacked output) plus its input's features (a transposed copy); GRU, whose input projection runs on the
+    whole sequence at once and so keeps the input (a reversed copy when go_backwards), 9 x units kept and 6 x
+    units more during its backward; SimpleRNN 3 x units plus the input's features, and 1 x units during its
+    backward. Bidirectional's own code (reverse, join) keeps nothing. With recurrent dropout or unrolled (and a
+    GRU with reset_after=False) no rule was measured: the layer stays `unread`;
   - views and reductions whose gradient needs nothing (Flatten, Reshape, Add, Concatenate, average
     pooling, cropping and padding, an inactive Dropout) keep nothing, and a view shares its input's memory;
   - a layer that calls sublayers keeps the sublayers' outputs that its own code uses (attention's query,
@@ -35,6 +52,9 @@ Layout copies: the convolution's re-laid-out input and output gradient, and the 
 (layer normalisation's two, attention's denominator), are copies XLA's CPU backend makes (measured with jax
 0.10.2 in its buffer assignment); they are memory the step takes there, and may be absent where a compiler
 reads the original layout (cuDNN on a GPU is not measured yet).
+The forward pass can hold the most: every tensor lives until its last consumer has run (or its backward, if
+kept), so a frozen base's largest block (a residual's two branches and their sum) may exceed the whole backward
+pass; that is the peak then, its weight gradients not made yet.
 At each step of the backward pass the live activation memory is: the kept tensors of that layer and of every
 layer before it, the gradients in flight (each activation's gradient lives from the backward of its last
 consumer to the backward of its producer: the residual stream's while a branch runs), and that layer's
@@ -74,6 +94,12 @@ _FREE = (_L.Add, _L.Subtract, _L.Average, _L.Concatenate, _L.GlobalAveragePoolin
 _FREE_OPS = {"Add", "Subtract", "Concatenate", "Reshape", "Transpose", "ExpandDims", "Squeeze"}  # keras.ops
 _NORMS = (_L.LayerNormalization, _L.BatchNormalization, _L.GroupNormalization, _L.RMSNormalization)
 _CONVS = (_L.Conv1D, _L.Conv2D, _L.Conv3D)
+# Layers whose input's gradient needs their kernel alone: frozen, they keep nothing of their input.
+_LINEAR = (_L.Dense, _L.EinsumDense, _L.Embedding, *_CONVS, _L.Conv1DTranspose, _L.Conv2DTranspose,
+           _L.Conv3DTranspose, _L.DepthwiseConv1D, _L.DepthwiseConv2D, _L.SeparableConv1D, _L.SeparableConv2D)
+# Floats per sample and time step a recurrent layer's loop keeps (per unit, per input feature) and holds during
+# its backward alone (per unit); see the NOTE.
+_RECURRENT = {_L.LSTM: (13, 1, 0), _L.GRU: (9, 0, 6), _L.SimpleRNN: (3, 1, 1)}
 _MAX_POOLS = (_L.MaxPooling1D, _L.MaxPooling2D, _L.MaxPooling3D, _L.GlobalMaxPooling1D, _L.GlobalMaxPooling2D,
               _L.GlobalMaxPooling3D)
 
@@ -119,6 +145,7 @@ class Step:
     temporary: list[Tensor] = field(default_factory=list)
     weights: int = 0  # trainable values of the layer: its gradients appear at this step of the backward pass
     activation: bool = False  # its backward runs in two phases: the activation's, then the weights'
+    gradient: bool = True  # a gradient reaches its outputs, so its backward runs (False: frozen, before any weight)
 
 
 def _kind(t: Any) -> str:
@@ -156,9 +183,24 @@ class _Steps:
         out = [self.tensor(t) for t in ts]
         return [t for t in out if t.kind == "float" and t.key not in self.inputs]
 
+    def recurrent(self, call: LayerCall, step: Step) -> Step:
+        """A recurrent layer's loop over time, by its cell's rule; read so, it is no longer `unread`."""
+        layer = call.layer
+        per_unit, per_feature, during = next(v for k, v in _RECURRENT.items() if isinstance(layer, k))
+        batch, length, features = (int(d) for d in call.inputs[0].shape)
+        step.saved = [Tensor(-1, batch * length * (per_unit * layer.units + per_feature * features), "float")]
+        step.temporary = [Tensor(-1, batch * length * during * layer.units, "float")]
+        if isinstance(layer, _L.GRU):  # its input projection, for the whole sequence at once, keeps the input
+            if layer.go_backwards:  # ... reversed: a copy
+                step.saved.append(Tensor(-1, batch * length * features, "float"))
+            else:
+                step.kept = self.floats(call.inputs[:1])
+        call.unread = False
+        return step
+
     def leaf(self, call: LayerCall) -> Step | None:
         layer = call.layer
-        idle = isinstance(layer, _L.Dropout) and not 0 < getattr(layer, "rate", 0) < 1
+        idle = isinstance(layer, _L.Dropout) and (call.training is False or not 0 < getattr(layer, "rate", 0) < 1)
         if (isinstance(layer, _VIEWS) or idle) and len(call.inputs) == 1 and len(call.outputs) == 1:
             self.alias[id(call.outputs[0])] = self.tensor(call.inputs[0]).key
             self.objects.append(call.outputs[0])
@@ -167,6 +209,10 @@ class _Steps:
         step.weights = sum(math.prod(int(d) for d in v.shape) for v in getattr(layer, "trainable_weights", []))
         if isinstance(layer, _FREE) or type(layer).__name__ in _FREE_OPS:
             return step
+        if isinstance(layer, _L.BatchNormalization) and (call.training is False or not layer.trainable):
+            return step  # inference mode (Keras's for a frozen one): an affine map with its moving statistics
+        if _read_by_rule(layer) and len(call.inputs[0].shape) == 3:
+            return self.recurrent(call, step)
         if isinstance(layer, _L.Dropout):
             step.saved = [Tensor(-1, t.values, "bool") for t in step.outputs]
             return step
@@ -182,7 +228,7 @@ class _Steps:
             return step
         activation = _activation_name(layer)
         weighted = bool(getattr(layer, "trainable_weights", []))
-        if not weighted and not isinstance(layer, _L.Activation) and activation is None:
+        if not weighted and not isinstance(layer, (_L.Activation, *_LINEAR)) and activation is None:
             step.kept = self.floats(call.inputs)  # an unknown layer: its inputs, the safe guess
             return step
         step.kept = self.floats(call.inputs) if weighted else []
@@ -198,7 +244,7 @@ class _Steps:
                 step.kept += self.floats(call.inputs)
             step.saved = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"
                           for _ in range(_SAVED_FACTORS.get(activation, 1))]
-        if isinstance(layer, _CONVS):
+        if isinstance(layer, _CONVS) and weighted:
             # The kernel's gradient convolves the input re-laid-out (batch as the contracted axis): that copy is
             # made in the forward pass and held until the kernel gradient (a layout copy), the batch's too.
             step.saved += [t for t in map(self.tensor, call.inputs) if t.kind == "float"]
@@ -216,8 +262,9 @@ class _Steps:
         outside = {id(t) for t in call.inputs} | made
         step.outputs = [self.tensor(t) for child in call.children for t in child.inputs if id(t) not in outside]
         step.outputs += [self.tensor(t) for t in call.outputs if id(t) not in made]
-        step.kept = self.floats(used)
         layer = call.layer
+        # Bidirectional's own code reverses and joins its layers' outputs: nothing kept.
+        step.kept = [] if isinstance(layer, _L.Bidirectional) else self.floats(used)
         if isinstance(layer, _L.MultiHeadAttention) and not getattr(layer, "_flash_attention", False):
             query = call.inputs[0].shape
             value = call.inputs[1].shape if len(call.inputs) > 1 else query
@@ -249,32 +296,56 @@ class _Steps:
         return out
 
 
+def _read_by_rule(layer: Any) -> bool:
+    """Whether a recurrent layer runs the loop its rule was measured on (no recurrent dropout, not unrolled;
+    a GRU on its fused path)."""
+    if not isinstance(layer, tuple(_RECURRENT)) or layer.unroll or getattr(layer, "recurrent_dropout", 0):
+        return False
+    return not isinstance(layer, _L.GRU) or layer.reset_after
+
+
+def _prune(forward: list[Step]) -> None:
+    """Drops what no backward pass needs: a step that no trainable weight precedes gets no gradient; one whose
+    inputs get none keeps only what its own weights' gradient needs (nothing, when frozen)."""
+    carried: set[int] = set()  # tensors a gradient reaches
+    for step in forward:
+        reached = any(t.key in carried for t in step.inputs)
+        step.gradient = reached or step.weights > 0
+        if step.gradient:
+            carried |= {t.key for t in step.outputs}
+        if not reached and not step.weights:
+            step.kept, step.saved, step.temporary, step.activation = [], [], [], False
+
+
 def steps(calls: list[LayerCall], model_inputs: list[Any]) -> list[Step]:
-    """The forward pass as `Step`s in execution order, from `trace`'s calls."""
+    """The forward pass as `Step`s in execution order, from `trace`'s calls. A recurrent layer read by its rule
+    is marked read (`unread` False)."""
     builder = _Steps(model_inputs)
     children = {id(child) for call in calls for child in call.children}
     out: list[Step] = []
     for call in calls:
         if id(call) not in children:  # top-level calls, in the order they ran
             out += builder.steps(call)
+    _prune(out)
     return out
 
 
-def peak_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -> tuple[int, str]:
-    """The activation memory live at the peak of the backward pass of `forward` (see NOTE [ What the
-    backward pass keeps ]), with floating values of `float_bytes` each, and the step where it happens. The
-    peak is the step where activations and the weight gradients made so far (`gradient_bytes` per value)
-    hold the most together; the activations there are returned.
+def step_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -> list[tuple[str, int, int]]:
+    """What each step of `forward` holds at once, forward pass first (steps named with " (forward)"), then the
+    backward pass (see NOTE [ What the backward pass keeps ]): `(step, activation bytes, weight-gradient bytes)`,
+    with floating values of `float_bytes` each and weight gradients of `gradient_bytes` per value. Each is linear
+    in the batch. The forward pass holds no weight gradients yet; its activations are given less all of them, as
+    a breakdown adds the gradients apart.
 
     Example:
 
-    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu", name="h"),
-    ...                           keras.layers.Dense(2, name="o")])
-    >>> peak_bytes(steps(*trace(model, keras.KerasTensor((16, 8)))), float_bytes=4)  # h's output, 2 gradients
-    (768, 'h')
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="h"), keras.layers.Dense(2, name="o")])
+    >>> step_bytes(steps(*trace(model, keras.KerasTensor((16, 8)))), float_bytes=4)[2:]  # the backward pass
+    [('o', 640, 40), ('h', 256, 184)]
     """
     needed_by: dict[int, int] = {}
     sizes: dict[int, int] = {}
+    carried = {t.key for step in forward if step.gradient for t in step.outputs}  # tensors with a gradient
     produced: dict[int, int] = {}
     last_use: dict[int, int] = {}
     for i, step in enumerate(forward):
@@ -287,16 +358,24 @@ def peak_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -
                 sizes.setdefault(t.key, t.nbytes(float_bytes))
         for t in step.inputs:
             last_use[t.key] = i
-    best, where, most = 0, "none", -1
+    total = sum(step.weights for step in forward) * gradient_bytes
+    out = []
+    for i, step in enumerate(forward):  # a tensor lives until its last consumer has run, or its backward
+        live = sum(sizes[k] for k, p in produced.items() if k in sizes and p <= i and (
+            k in needed_by or last_use.get(k, len(forward)) >= i))
+        live += sum(t.nbytes(float_bytes) for s in forward[:i + 1] for t in s.saved)
+        out.append((f"{step.name} (forward)", live - total, total))
     weight_gradients = 0
     for i in range(len(forward) - 1, -1, -1):
         step = forward[i]
+        if not step.gradient:
+            continue  # its backward does not run
         weight_gradients += step.weights * gradient_bytes
         # A kept tensor no step made is the model's input (a backend may convert it on the way in): the batch.
         kept = sum(sizes[k] for k, first in needed_by.items() if first <= i and k in produced)
         saved = sum(t.nbytes(float_bytes) for s in forward[:i + 1] for t in s.saved)
-        own = sum(sizes[k] for k, p in produced.items() if k in sizes and p == i)
-        before = [(k, last_use.get(k, -1)) for k, p in produced.items() if k in sizes and p < i]
+        own = sum(sizes[k] for k, p in produced.items() if k in sizes and k in carried and p == i)
+        before = [(k, last_use.get(k, -1)) for k, p in produced.items() if k in sizes and k in carried and p < i]
         later = sum(sizes[k] for k, last in before if last > i)  # gradients already begun by later consumers
         inputs = sum(sizes[k] for k, last in before if last == i)  # gradients this step begins
         temporary = sum(t.nbytes(float_bytes) for t in step.temporary)
@@ -304,6 +383,24 @@ def peak_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -
         if step.activation:  # the activation's backward, then the weights' without the output and its gradient
             kept_own = sum(sizes[k] for k, first in needed_by.items() if first == i and produced.get(k) == i)
             live = max(kept + saved + own + later + temporary, kept - kept_own + saved + later + inputs + temporary)
+        out.append((step.name, live, weight_gradients))
+    return out
+
+
+def peak_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -> tuple[int, str]:
+    """The activation memory live at the peak of the training step `forward` (see NOTE [ What the backward pass
+    keeps ]), with floating values of `float_bytes` each, and the step where it happens: the step of `step_bytes`
+    where activations and the weight gradients made so far (`gradient_bytes` per value) hold the most together.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu", name="h"),
+    ...                           keras.layers.Dense(2, name="o")])
+    >>> peak_bytes(steps(*trace(model, keras.KerasTensor((16, 8)))), float_bytes=4)  # h's output, 2 gradients
+    (768, 'h')
+    """
+    best, where, most = 0, "none", -1
+    for name, live, weight_gradients in step_bytes(forward, float_bytes, gradient_bytes):
         if live + weight_gradients > most:
-            best, where, most = live, step.name, live + weight_gradients
+            best, where, most = live, name, live + weight_gradients
     return best, where

@@ -12,6 +12,7 @@ from kfast.planning.device_memory import DeviceMemory
 from kfast.planning.device_memory import plan_device_memory
 from kfast.planning.memory_model import MemoryBreakdown
 from kfast.planning.memory_model import MemoryModel
+from kfast.planning.memory_model import batch_rows
 from kfast.planning.step_variants import StepVariant
 
 
@@ -82,7 +83,7 @@ def estimate_memory(model: keras.Model, batch: Any = None, *, batch_size: int | 
     True
     """
     if batch_size is None:
-        batch_size = 32 if batch is None else int(np.shape(keras.tree.flatten(batch)[0])[0])
+        batch_size = 32 if batch is None else batch_rows(batch)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"estimate_memory got batch_size={batch_size!r}; it must be a positive int.")
     if device is not None:

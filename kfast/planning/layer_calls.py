@@ -55,6 +55,7 @@ class LayerCall:
     outputs: list[Any] = field(default_factory=list)
     children: list[LayerCall] = field(default_factory=list)
     unread: bool = False  # it holds layers, but its call() does not run on KerasTensors: counted as one
+    training: bool | None = None  # the `training` it was called with (False: inference mode, as when frozen)
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,9 @@ class _Tracer:
                 if type(op).__name__ in _CONVERSIONS and _same(_tensors(a), _tensors(out)):
                     out = _tensors(a)[0]
             if isinstance(op, keras.layers.Layer) or top and id(op) in self.operations:
-                children.append(LayerCall(op, _tensors((a, kw)), _tensors(out), inner,
-                                          unread=isinstance(op, keras.layers.Layer) and unread))
+                layer = isinstance(op, keras.layers.Layer)
+                children.append(LayerCall(op, _tensors((a, kw)), _tensors(out), inner, unread=layer and unread,
+                                          training=kw.get("training") if layer else None))
                 self.calls.append(children[-1])
             exact.update((id(graph), t) for graph, t in zip(call.outputs, keras.tree.flatten(out)))
         return children, keras.tree.map_structure(lambda v: exact.get(id(v), v), made)

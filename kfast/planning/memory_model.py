@@ -191,7 +191,7 @@ class MemoryModel:
         self.accumulating = _accumulates(optimizer) if optimizer is not None else 1
         self.optimizer_name = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
         self._steps = []
-        self._lines: dict[int, tuple[float, float, str]] = {}
+        self._lines: dict[int, list[tuple[str, float, float, int]]] = {}
         self._split: dict[int, set[str]] = {}
         for n in _TRACE_BATCHES:
             spec = keras.tree.map_structure(lambda s: keras.KerasTensor((n,) + s.shape[1:], s.dtype), x_spec)
@@ -211,13 +211,23 @@ class MemoryModel:
                           "inside for the backward pass is not in the estimate, which is low by that much. On Keras's "
                           "JAX backend, plan with compiled=True for XLA's own number.", stacklevel=3)
 
-    def _activation_line(self, float_bytes: int) -> tuple[float, float, str]:
-        """(bytes at batch 0, bytes per sample, where the peak is) for floating values of `float_bytes`."""
+    def _activation_lines(self, float_bytes: int) -> list[tuple[str, float, float, int]]:
+        """Each step's (name, activation bytes at batch 0, bytes per sample, weight-gradient bytes) for floating
+        values of `float_bytes`: what a step holds is linear in the batch, but which step holds the most may
+        change with it (a recurrent layer's backward against the loss's), so the peak is taken per batch."""
         if float_bytes not in self._lines:
-            (a, where), (b, _) = (activations.peak_bytes(s, float_bytes) for s in self._steps)
-            slope = (b - a) / (_TRACE_BATCHES[1] - _TRACE_BATCHES[0])
-            self._lines[float_bytes] = (a - slope * _TRACE_BATCHES[0], slope, where)
+            small, large = (activations.step_bytes(s, float_bytes) for s in self._steps)
+            span = _TRACE_BATCHES[1] - _TRACE_BATCHES[0]
+            self._lines[float_bytes] = [
+                (name, a - (b - a) / span * _TRACE_BATCHES[0], (b - a) / span, grads)
+                for (name, a, grads), (_, b, _) in zip(small, large)]
         return self._lines[float_bytes]
+
+    def _activations_at(self, micro: int, float_bytes: int) -> tuple[float, float, str]:
+        """(activation bytes, bytes per sample, step) at the peak of a micro-batch of `micro` samples."""
+        lines = self._activation_lines(float_bytes)
+        name, constant, slope, _ = max(lines, key=lambda line: line[1] + line[2] * micro + line[3])
+        return constant + slope * micro, slope, name
 
     def breakdown(self, batch_size: int, *, precision: str | None = None, accumulation: int | None = None,
                   mesh: tuple[int, int] = (1, 1)) -> MemoryBreakdown:
@@ -235,14 +245,40 @@ class MemoryModel:
         split = self._split[mesh[1]]
         values = sum(math.prod(s) / (mesh[1] if path in split else 1) for path, s, _ in self.trainable)
         trainable = int(values * variable_bytes)
-        constant, slope, where = self._activation_line(_itemsize(policy.compute_dtype))
+        active, slope, where = self._activations_at(micro, _itemsize(policy.compute_dtype))
         accumulators = trainable if k > 1 and self.accumulating == 1 else 0
         return MemoryBreakdown(
             batch_size=batch_size, micro_batch=micro, accumulation=k, precision=policy.name, mesh=(mesh[0], mesh[1]),
             parameters=trainable + self.frozen_bytes, gradients=trainable,
             optimizer=int(self.slots * trainable) + accumulators,
-            activations=int(round(constant + slope * micro)), batch=int(self.batch_per_sample * micro),
+            activations=int(round(active)), batch=int(self.batch_per_sample * micro),
             per_sample=slope + self.batch_per_sample, peak_at=where)
+
+
+def _leaves(batch: Any) -> list[Any]:
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    return [np.asarray(a) if not hasattr(a, "shape") else a for a in keras.tree.flatten((x, y, sample_weight))
+            if a is not None]
+
+
+def batch_rows(batch: Any) -> int:
+    """The number of samples in `batch` (one batch as `fit` gets it).
+
+    Raises:
+        ValueError: for a batch whose arrays share no first dimension.
+
+    Example:
+
+    >>> batch_rows((np.zeros((8, 3)), np.zeros(8)))
+    8
+    """
+    leaves = _leaves(batch)
+    sizes = {int(a.shape[0]) for a in leaves if len(a.shape)}
+    if any(not len(a.shape) for a in leaves) or len(sizes) != 1:
+        raise ValueError(f"kfast got a batch of shapes {[tuple(a.shape) for a in leaves]}, which has no common "
+                         "batch dimension; pass one batch as fit gets it: arrays whose first dimension is the "
+                         "batch, e.g. (x of shape (32, 784), y of shape (32,)).")
+    return sizes.pop()
 
 
 def _input_specs(model: keras.Model, batch: Any) -> tuple[Any, float]:
@@ -261,15 +297,9 @@ def _input_specs(model: keras.Model, batch: Any) -> tuple[Any, float]:
         per_sample = sum(math.prod(d or 1 for d in t.shape[1:]) * _itemsize(t.dtype) for t in model.inputs)
         per_sample += sum(math.prod(d or 1 for d in t.shape[1:]) * 4 for t in model.outputs)  # targets
         return specs, float(per_sample)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    leaves = [np.asarray(a) if not hasattr(a, "shape") else a for a in keras.tree.flatten((x, y, sample_weight))
-              if a is not None]
-    sizes = {int(a.shape[0]) for a in leaves if len(a.shape)}
-    if any(not len(a.shape) for a in leaves) or len(sizes) != 1:
-        raise ValueError(f"kfast got a batch of shapes {[tuple(a.shape) for a in leaves]}, which has no common "
-                         "batch dimension; pass one batch as fit gets it: arrays whose first dimension is the "
-                         "batch, e.g. (x of shape (32, 784), y of shape (32,)).")
-    n = sizes.pop()
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    n = batch_rows(batch)
+    leaves = _leaves(batch)
     per_sample = sum(math.prod(a.shape) * _itemsize(a.dtype) for a in leaves) / n
     specs = keras.tree.map_structure(
         lambda a: keras.KerasTensor((None,) + tuple(np.shape(a))[1:], keras.backend.standardize_dtype(a.dtype)), x)
