@@ -9,6 +9,7 @@ import keras
 import pytest
 
 from kfast.planning import activations
+from kfast.planning import backward_pass
 
 L = keras.layers
 
@@ -38,8 +39,8 @@ def test_a_frozen_base_keeps_nothing_and_its_backward_is_the_heads_alone():
     for step in frozen:
         if step.name in {"c1", "bn", "r", "c2"}:  # no gradient reaches it: its backward does not run
             assert not (step.gradient or step.kept or step.saved or step.temporary), step.name
-    backward = [entry for entry in activations.step_bytes(frozen, 4) if not entry[0].endswith("(forward)")]
-    assert backward == [e for e in activations.step_bytes(head, 4) if not e[0].endswith("(forward)")]
+    backward = [entry for entry in backward_pass.step_bytes(frozen, 4) if not entry[0].endswith("(forward)")]
+    assert backward == [e for e in backward_pass.step_bytes(head, 4) if not e[0].endswith("(forward)")]
 
 
 def test_a_frozen_base_peaks_in_its_forward_pass_at_its_largest_live_set():
@@ -49,7 +50,7 @@ def test_a_frozen_base_peaks_in_its_forward_pass_at_its_largest_live_set():
     forward, _ = _steps(model, (4, 16, 16, 3))
     # c1's output is read by bn, bn's by the relu: at most two (4, 16, 16, 8) float32 maps live at once.
     # The breakdown adds the weight gradients apart; the forward pass holds none yet: given less.
-    assert activations.peak_bytes(forward, 4) == (2 * 4 * 16 * 16 * 8 * 4 - (8 * 2 + 2) * 4, "bn (forward)")
+    assert backward_pass.peak_bytes(forward, 4) == (2 * 4 * 16 * 16 * 8 * 4 - (8 * 2 + 2) * 4, "bn (forward)")
 
 
 def test_a_frozen_dense_between_trained_ones_keeps_nothing_of_its_input_and_lora_keeps_it():
@@ -116,3 +117,48 @@ def test_batch_normalization_and_dropout_in_inference_mode_keep_nothing():
     step = {s.name: s for s in _steps(model, (4, 16))[0]}
     assert step["bn"].gradient and not (step["bn"].kept or step["bn"].saved)
     assert "drop" not in step  # inactive: a view of its input
+
+
+def test_a_cross_entropy_loss_keeps_the_logits_and_their_log_softmax_until_its_backward():
+    model = keras.Sequential([keras.Input((8,)), L.Dense(100, name="logits")])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert activations.loss_keeps(model)
+    calls, inputs = activations.trace(model, keras.KerasTensor((4, 8)))
+    forward = activations.steps(calls, inputs, activations.loss_keeps(model))
+    loss = forward[-1]
+    assert loss.name == "loss" and [t.values for t in loss.kept] == [400]
+    assert [(t.values, t.kind) for t in loss.saved] == [(400, "float32")]
+    # The loss's backward holds the logits, their log-softmax and the logits' gradient: 3 x 4 x 100 floats, net of
+    # the 8 x 100 + 100 weight gradients not made yet.
+    assert backward_pass.step_bytes(forward, 4)[-2] == ("loss", 3 * 400 * 4 - 900 * 4, 900 * 4)
+    model.compile("sgd", "mse")
+    assert not activations.loss_keeps(model)
+
+
+def test_lora_keeps_the_merged_kernel_and_makes_its_gradient_in_its_backward():
+    dense = L.Dense(32, name="d")
+    model = keras.Sequential([keras.Input((16,)), dense])
+    dense.enable_lora(4)
+    (step, _), _ = _steps(model, (8, 16))
+    assert [(t.values, t.kind) for t in step.saved] == [(16 * 32, "float")]
+    assert [(t.values, t.kind) for t in step.temporary] == [(16 * 32, "float32")]
+    assert step.weights == 16 * 4 + 4 * 32 + 32  # the low-rank factors and the bias train; the kernel is frozen
+
+
+def test_a_gpu_counts_what_its_compiler_keeps_and_the_cpu_its_own_copies():
+    # Conv -> BatchNormalization -> swish: XLA's CPU backend keeps a convolution's input re-laid-out, two tensors
+    # of the normalisation and the swish's input and factors; its GPU backend fuses them: one of the
+    # normalisation's, the swish's output (measured on the device-less H100 compile, benchmarks/memory_zoo.py).
+    model = keras.Sequential([keras.Input((8, 8, 4)), L.Conv2D(4, 3, padding="same", name="c"),
+                              L.BatchNormalization(name="bn"), L.Activation("swish", name="s"),
+                              L.Conv2D(4, 3, padding="same", name="c2")])
+    forward, _ = _steps(model, (2, 8, 8, 4))
+    by_name = {step.name: step for step in forward}
+    assert [t.only for t in by_name["bn"].saved] == [None, "cpu"]
+    assert [t.only for t in by_name["s"].saved] == ["cpu", "cpu"] and by_name["s"].cpu_kept
+    assert [t.only for t in by_name["c2"].saved] == ["cpu"]
+    size = 2 * 8 * 8 * 4 * 4
+    cpu, gpu = (dict((n, a) for n, a, _ in backward_pass.step_bytes(forward, 4, target=t)) for t in ("cpu", "gpu"))
+    # At the last convolution's backward the CPU's alone: both convolutions' inputs re-laid-out, the second one's
+    # output gradient re-laid-out, the normalisation's second tensor, the swish's input and its two factors.
+    assert cpu["c2"] - gpu["c2"] == 7 * size

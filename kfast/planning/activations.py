@@ -2,8 +2,8 @@
 
 `trace` (kfast.planning.layer_calls) runs the model forward once on symbolic tensors (no memory, no compute)
 and records every layer call, nested ones included: what went in, what came out. `steps` turns the calls into
-what each keeps for the backward pass; `peak_bytes` then replays the backward pass over them in reverse and
-returns the most activation memory live at once.
+what each keeps for the backward pass; kfast.planning.backward_pass then replays the forward and backward passes
+over them and finds the most activation memory live at once.
 
 NOTE [ What the backward pass keeps ]
 A layer's backward pass needs some of its forward tensors; those stay in memory from the forward pass until
@@ -17,19 +17,24 @@ steps too: an add keeps nothing, but its inputs' gradients flow from its backwar
   - a layer with trainable weights (Dense, Conv, EinsumDense...) keeps its floating inputs: the kernel's
     gradient is a product with them (Embedding's input is integer ids: nothing kept); frozen, a layer linear in
     its input (Dense, Conv, Embedding...) keeps nothing of it (its input's gradient needs the kernel alone).
-    LoRA (`enable_lora`) keeps the input: Keras multiplies it by the kernel plus the low-rank product;
+    LoRA (`enable_lora`) keeps the input: Keras multiplies it by the kernel plus the low-rank product, and that
+    merged kernel is kept for the input's gradient, whose own kernel-sized gradient (float32) is made during the
+    layer's backward before the low-rank factors';
   - a convolution (Conv1D/2D/3D) also keeps a second copy of its input, the batch included, re-laid-out with
     the batch as the contracted axis (XLA makes it in the forward pass for the kernel's gradient), and its
     backward holds its output's gradient re-laid-out the same way while that gradient is computed;
   - a normalisation layer keeps the centred input and the normalised values (two tensors of its output's
     size; the per-row statistics are small), not its input; layer normalisation also keeps its inverse
-    deviation and its scale broadcast to the input's whole shape (four tensors in all); batch normalisation in
+    deviation and its scale broadcast to the input's whole shape (four tensors in all); on a GPU one tensor (its
+    fusions recompute the rest from it); batch normalisation in
     inference mode (Keras's for a frozen one, `trainable=False`) is an affine map of its moving statistics and
     keeps nothing;
   - an activation computed from its output (relu, sigmoid, tanh, softmax, elu) keeps the output; one that
     needs its input keeps that, plus the factors autodiff saves (gelu: 3 tensors, silu/swish and mish: 2,
-    others 1), each the output's size;
-  - max pooling keeps its input and output; dropout (rate > 0, training) keeps a mask of one byte per value;
+    others 1), each the output's size; on a GPU an activation layer of its own (not a Dense's or Conv's
+    `activation=`) is fused with the elementwise code before it and recomputed: its output alone;
+  - max pooling keeps its input and output, and on a GPU its backward holds the window selection and the scattered
+    gradient, each its input's size; dropout (rate > 0, training) keeps a mask of one byte per value;
   - a recurrent layer (LSTM, GRU, SimpleRNN; Bidirectional holds two) loops over time on the backend, so its
     call() is not read; autodiff keeps its loop's tensors for every time step, counted per sample and step as
     measured in XLA's buffer assignment of Keras's JAX loop (jax 0.10.2, Keras 3.15): LSTM 13 x units (4 gate
@@ -46,12 +51,18 @@ steps too: an add keeps nothing, but its inputs' gradients flow from its backwar
     keys float32 values (softmax runs in float32), and, on its fused path (no dropout), the scores (XLA
     keeps them and recomputes softmax in the backward) and the softmax denominator broadcast to the same
     shape: three such tensors; its backward holds two more (the gradients of the probabilities and of the
-    scores); flash attention keeps none of them;
+    scores); flash attention keeps none of them. With dropout, the probabilities and a one-byte mask, and on a
+    GPU the scores too. A MultiHeadAttention whose call() is not read (a causal mask, Keras 3.16) is counted by
+    these rules, with its inputs and its four projections (query, key, value, the heads' output) kept;
+  - the loss is a step after the model's outputs: a cross-entropy keeps the logits and their log-softmax in
+    float32 until its backward, which makes the logits' gradient (a language model's vocabulary-sized tensors
+    are the step's peak there);
   - any other layer keeps its floating inputs (the safe guess).
-Layout copies: the convolution's re-laid-out input and output gradient, and the broadcasts kept whole
-(layer normalisation's two, attention's denominator), are copies XLA's CPU backend makes (measured with jax
-0.10.2 in its buffer assignment); they are memory the step takes there, and may be absent where a compiler
-reads the original layout (cuDNN on a GPU is not measured yet).
+Two compilers: the rules were measured in XLA's buffer assignment (jax 0.10.2) for this CPU and, without the
+device, for an H100 (benchmarks/memory_zoo.py). Layout copies: the convolution's re-laid-out input and output
+gradient, and the broadcasts kept whole (layer normalisation's two, attention's denominator), are copies XLA's
+CPU backend makes; its GPU backend reads the original layouts. What one compiler holds and the other does not
+is tagged (`Tensor.only`, `Step.cpu_kept`) and counted for its target alone (kfast.planning.backward_pass).
 The forward pass can hold the most: every tensor lives until its last consumer has run (or its backward, if
 kept), so a frozen base's largest block (a residual's two branches and their sum) may exceed the whole backward
 pass; that is the peak then, its weight gradients not made yet.
@@ -63,22 +74,23 @@ beside the output's). A layer with an activation runs its backward in two phases
 counts: the activation's (output, its gradient, the pre-activation's gradient), then the weights' (the output
 and its gradient released; the pre-activation's gradient and the input's gradient). The peak is the step where
 that and the weight gradients made so far (every gradient is held until the optimizer applies it) add up to
-the most. The model's inputs are the batch, counted apart. Checked against XLA's own analysis of the compiled
+the most. An Embedding's gradient is a table-sized buffer its lookups' gradients are scattered into, held from
+the backward pass's start. The model's inputs are the batch, counted apart. Checked against XLA's own analysis of the compiled
 step in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from dataclasses import field
 from typing import Any
 
 import keras
-import numpy as np
 
+from kfast._core import keras_private
 from kfast.planning.layer_calls import LayerCall
 from kfast.planning.layer_calls import trace  # noqa: F401 - memory_model reads the calls through this module
+from kfast.planning.steps import Step
+from kfast.planning.steps import Tensor
 
 # Activations whose gradient is computed from their output alone.
 _FROM_OUTPUT = {"relu", "relu6", "sigmoid", "tanh", "softmax", "log_softmax", "elu", "exponential", "hard_sigmoid",
@@ -102,50 +114,6 @@ _LINEAR = (_L.Dense, _L.EinsumDense, _L.Embedding, *_CONVS, _L.Conv1DTranspose, 
 _RECURRENT = {_L.LSTM: (13, 1, 0), _L.GRU: (9, 0, 6), _L.SimpleRNN: (3, 1, 1)}
 _MAX_POOLS = (_L.MaxPooling1D, _L.MaxPooling2D, _L.MaxPooling3D, _L.GlobalMaxPooling1D, _L.GlobalMaxPooling2D,
               _L.GlobalMaxPooling3D)
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One traced tensor: `values` at the traced batch, and its kind: "float" (stored in the compute
-    dtype), "float32" (float32 whatever the policy), or an integer/bool dtype name.
-
-    Example:
-
-    >>> Tensor(key=1, values=10, kind="float").nbytes(2), Tensor(key=2, values=10, kind="bool").nbytes(2)
-    (20, 10)
-    """
-
-    key: int
-    values: int
-    kind: str
-
-    def nbytes(self, float_bytes: int) -> int:
-        if self.kind == "float":
-            return self.values * float_bytes
-        return self.values * (4 if self.kind == "float32" else np.dtype(self.kind).itemsize)
-
-
-@dataclass
-class Step:
-    """One step of the forward pass (a layer call, or a composite layer's own code) and what its backward
-    needs: `kept` tensors shared with other steps, `saved` tensors of its own, `temporary` ones.
-
-    Example:
-
-    >>> step = Step("dense", outputs=[Tensor(key=7, values=64, kind="float")])
-    >>> step.kept, step.weights
-    ([], 0)
-    """
-
-    name: str
-    inputs: list[Tensor] = field(default_factory=list)
-    outputs: list[Tensor] = field(default_factory=list)
-    kept: list[Tensor] = field(default_factory=list)
-    saved: list[Tensor] = field(default_factory=list)
-    temporary: list[Tensor] = field(default_factory=list)
-    weights: int = 0  # trainable values of the layer: its gradients appear at this step of the backward pass
-    activation: bool = False  # its backward runs in two phases: the activation's, then the weights'
-    gradient: bool = True  # a gradient reaches its outputs, so its backward runs (False: frozen, before any weight)
 
 
 def _kind(t: Any) -> str:
@@ -198,6 +166,25 @@ class _Steps:
         call.unread = False
         return step
 
+    def attention(self, call: LayerCall, step: Step) -> Step:
+        """MultiHeadAttention whose call() was not read (Keras 3.16's, or with a causal mask): by the rule for its
+        parts, what its sublayers keep (its inputs, the query, key and value projections and the heads' combined
+        output, each batch x tokens x heads x key_dim) and its scores."""
+        layer = call.layer
+        step.kept = self.floats(call.inputs)
+        query, value = call.inputs[0].shape, (call.inputs[1] if len(call.inputs) > 1 else call.inputs[0]).shape
+        width = layer.num_heads * layer.key_dim
+        tokens = int(query[0]) * math.prod(int(d) for d in query[1:-1])
+        step.saved = [Tensor(-1, tokens * width, "float"),  # the query projection and the heads' output
+                      Tensor(-1, tokens * width, "float")]
+        keys = int(value[0]) * math.prod(int(d) for d in value[1:-1])
+        step.saved += [Tensor(-1, keys * width, "float")] * 2  # the key and value projections
+        scores, temporary = _attention_scores(call)
+        step.saved += scores
+        step.temporary = temporary
+        call.unread = False
+        return step
+
     def leaf(self, call: LayerCall) -> Step | None:
         layer = call.layer
         idle = isinstance(layer, _L.Dropout) and (call.training is False or not 0 < getattr(layer, "rate", 0) < 1)
@@ -206,25 +193,31 @@ class _Steps:
             self.objects.append(call.outputs[0])
             return None
         step = Step(layer.name, [self.tensor(t) for t in call.inputs], [self.tensor(t) for t in call.outputs])
-        step.weights = sum(math.prod(int(d) for d in v.shape) for v in getattr(layer, "trainable_weights", []))
+        step.weights = _trainable_values(layer) if call.unread else _values_of(getattr(layer, "trainable_weights", []))
+        step.scattered = isinstance(layer, _L.Embedding)
         if isinstance(layer, _FREE) or type(layer).__name__ in _FREE_OPS:
             return step
         if isinstance(layer, _L.BatchNormalization) and (call.training is False or not layer.trainable):
             return step  # inference mode (Keras's for a frozen one): an affine map with its moving statistics
         if _read_by_rule(layer) and len(call.inputs[0].shape) == 3:
             return self.recurrent(call, step)
+        if isinstance(layer, _L.MultiHeadAttention):
+            return self.attention(call, step)
         if isinstance(layer, _L.Dropout):
             step.saved = [Tensor(-1, t.values, "bool") for t in step.outputs]
             return step
         if isinstance(layer, _NORMS):
             # (x - mean) and the normalised values, each the output's size; the statistics are small. Layer
             # normalisation also keeps its inverse deviation and its scale broadcast whole (layout copies).
-            copies = 4 if isinstance(layer, _L.LayerNormalization) else 2
-            step.saved = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"
-                          for _ in range(copies)]
+            copies = 2 if isinstance(layer, _L.LayerNormalization) else 0
+            step.saved = [Tensor(-1, t.values, t.kind, "cpu" if i else None) for t in step.outputs if t.kind == "float"
+                          for i in range(2 + copies)]
             return step
         if isinstance(layer, _MAX_POOLS):
             step.kept = self.floats(call.inputs) + step.outputs
+            # Its backward scatters the output's gradient back over each window: XLA holds the selection and the
+            # scattered gradient, each the input's size (measured on the H100 compile).
+            step.temporary = [Tensor(-1, t.values, t.kind, "gpu") for t in step.kept[:1] for _ in range(2)]
             return step
         activation = _activation_name(layer)
         weighted = bool(getattr(layer, "trainable_weights", []))
@@ -232,24 +225,41 @@ class _Steps:
             step.kept = self.floats(call.inputs)  # an unknown layer: its inputs, the safe guess
             return step
         step.kept = self.floats(call.inputs) if weighted else []
+        if getattr(layer, "lora_enabled", False):
+            # Keras adds the low-rank product to the frozen kernel: the merged kernel is kept for the input's
+            # gradient, and the kernel-sized gradient of it is made before lora_a's and lora_b's.
+            a, b = layer.lora_kernel_a.shape, layer.lora_kernel_b.shape
+            kernel = math.prod(int(d) for d in a[:-1]) * int(b[-1])
+            step.saved.append(Tensor(-1, kernel, "float"))
+            step.temporary.append(Tensor(-1, kernel, "float32"))
+        # An activation layer of its own is fused on a GPU with the elementwise code before it and recomputed
+        # from there; a (frozen) Dense's or Conv's `activation=` follows a product that is stored.
+        fused = not weighted and not isinstance(layer, _LINEAR)
         if activation not in (None, "linear"):
-            # The gradient of the pre-activation: XLA gives it a buffer of its own beside the output's.
-            step.temporary = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"]
+            # The gradient of the pre-activation: XLA gives it a buffer of its own beside the output's (on a GPU,
+            # not when fused).
+            step.temporary += [Tensor(-1, t.values, t.kind, "cpu" if fused else None) for t in step.outputs
+                               if t.kind == "float"]
             step.activation = True
         if activation in _FROM_OUTPUT and activation != "linear":
             step.kept += [t for t in step.outputs if t.kind == "float"]
         elif activation not in (None, "linear"):
             step.kept += [t for t in step.outputs if t.kind == "float"]
-            if not weighted:
-                step.kept += self.floats(call.inputs)
-            step.saved = [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"
+            if not weighted:  # a GPU recomputes a fused activation's input from what came before
+                step.cpu_kept = self.floats(call.inputs)
+                if not fused:
+                    step.kept += step.cpu_kept
+                    step.cpu_kept = []
+            step.saved = [Tensor(-1, t.values, t.kind, "cpu" if fused else None) for t in step.outputs
+                          if t.kind == "float"
                           for _ in range(_SAVED_FACTORS.get(activation, 1))]
         if isinstance(layer, _CONVS) and weighted:
             # The kernel's gradient convolves the input re-laid-out (batch as the contracted axis): that copy is
             # made in the forward pass and held until the kernel gradient (a layout copy), the batch's too.
-            step.saved += [t for t in map(self.tensor, call.inputs) if t.kind == "float"]
+            step.saved += [Tensor(-1, t.values, t.kind, "cpu") for t in map(self.tensor, call.inputs)
+                           if t.kind == "float"]
             # ... and the output's gradient re-laid-out the same way, while the kernel's gradient is computed.
-            step.temporary += [Tensor(-1, t.values, t.kind) for t in step.outputs if t.kind == "float"]
+            step.temporary += [Tensor(-1, t.values, t.kind, "cpu") for t in step.outputs if t.kind == "float"]
         return step
 
     def own(self, call: LayerCall, made: set[int]) -> Step:
@@ -265,17 +275,8 @@ class _Steps:
         layer = call.layer
         # Bidirectional's own code reverses and joins its layers' outputs: nothing kept.
         step.kept = [] if isinstance(layer, _L.Bidirectional) else self.floats(used)
-        if isinstance(layer, _L.MultiHeadAttention) and not getattr(layer, "_flash_attention", False):
-            query = call.inputs[0].shape
-            value = call.inputs[1].shape if len(call.inputs) > 1 else query
-            scores = int(query[0]) * layer.num_heads * math.prod(int(d) for d in query[1:-1]) * math.prod(
-                int(d) for d in value[1:-1])
-            step.saved = [Tensor(-1, scores, "float32")]  # the attention probabilities
-            if getattr(layer, "dropout", 0) > 0:
-                step.saved.append(Tensor(-1, scores, "bool"))
-            else:  # the fused product: its scores, kept to recompute softmax, and the denominator broadcast whole
-                step.saved += [Tensor(-1, scores, "float32")] * 2
-            step.temporary = [Tensor(-1, scores, "float32")] * 2  # gradients of the probabilities and scores
+        if isinstance(layer, _L.MultiHeadAttention):
+            step.saved, step.temporary = _attention_scores(call)
         return step
 
     def steps(self, call: LayerCall) -> list[Step]:
@@ -296,6 +297,37 @@ class _Steps:
         return out
 
 
+def _values_of(variables: list[Any]) -> int:
+    return sum(math.prod(int(d) for d in v.shape) for v in variables)
+
+
+def _trainable_values(layer: Any) -> int:
+    """The trainable values inside a layer read as one: its innermost layers' that train, as Keras's own list of a
+    model's trainable variables counts them (a frozen block with LoRA: its low-rank factors, though the block's
+    own `trainable_weights` is empty)."""
+    inner = [sub for sub in keras_private.sublayers(layer, recursive=True) if not keras_private.sublayers(sub)]
+    return _values_of([v for sub in inner if sub.trainable for v in sub.trainable_weights]) if inner else _values_of(
+        getattr(layer, "trainable_weights", []))
+
+
+def _attention_scores(call: LayerCall) -> tuple[list[Tensor], list[Tensor]]:
+    """What MultiHeadAttention's own code keeps of its scores (saved) and holds during its backward (temporary):
+    see the NOTE; flash attention keeps none of them."""
+    layer = call.layer
+    if getattr(layer, "_flash_attention", False):
+        return [], []
+    query = call.inputs[0].shape
+    value = call.inputs[1].shape if len(call.inputs) > 1 else query
+    scores = int(query[0]) * layer.num_heads * math.prod(int(d) for d in query[1:-1]) * math.prod(
+        int(d) for d in value[1:-1])
+    saved = [Tensor(-1, scores, "float32")]  # the attention probabilities
+    if getattr(layer, "dropout", 0) > 0:  # the mask; a GPU's step keeps the scores as on the fused path
+        saved += [Tensor(-1, scores, "bool"), Tensor(-1, scores, "float32", "gpu")]
+    else:  # the fused product: its scores, kept to recompute softmax, and the denominator broadcast whole
+        saved += [Tensor(-1, scores, "float32"), Tensor(-1, scores, "float32", "cpu")]
+    return saved, [Tensor(-1, scores, "float32")] * 2  # gradients of the probabilities and scores
+
+
 def _read_by_rule(layer: Any) -> bool:
     """Whether a recurrent layer runs the loop its rule was measured on (no recurrent dropout, not unrolled;
     a GRU on its fused path)."""
@@ -314,93 +346,42 @@ def _prune(forward: list[Step]) -> None:
         if step.gradient:
             carried |= {t.key for t in step.outputs}
         if not reached and not step.weights:
-            step.kept, step.saved, step.temporary, step.activation = [], [], [], False
+            step.kept, step.cpu_kept, step.saved, step.temporary, step.activation = [], [], [], [], False
 
 
-def steps(calls: list[LayerCall], model_inputs: list[Any]) -> list[Step]:
-    """The forward pass as `Step`s in execution order, from `trace`'s calls. A recurrent layer read by its rule
-    is marked read (`unread` False)."""
+def steps(calls: list[LayerCall], model_inputs: list[Any], loss_keeps: bool = False) -> list[Step]:
+    """The forward pass as `Step`s in execution order, from `trace`'s calls, then the loss's step over the
+    model's outputs (`loss_keeps`: a cross-entropy, which keeps its log-probabilities). A recurrent layer read by
+    its rule is marked read (`unread` False)."""
     builder = _Steps(model_inputs)
     children = {id(child) for call in calls for child in call.children}
     out: list[Step] = []
     for call in calls:
         if id(call) not in children:  # top-level calls, in the order they ran
             out += builder.steps(call)
+    made = {t.key for step in out for t in step.outputs}
+    used = {t.key for step in out for t in step.inputs}
+    finals = [t for step in out for t in step.outputs if t.key in made - used and t.kind == "float"]
+    loss = Step("loss", inputs=finals)
+    if loss_keeps:  # the logits and their log-softmax in float32, until the loss's backward
+        loss.kept = list(finals)
+        loss.saved = [Tensor(-1, t.values, "float32") for t in finals]
+    out.append(loss)
     _prune(out)
     return out
 
 
-def step_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -> list[tuple[str, int, int]]:
-    """What each step of `forward` holds at once, forward pass first (steps named with " (forward)"), then the
-    backward pass (see NOTE [ What the backward pass keeps ]): `(step, activation bytes, weight-gradient bytes)`,
-    with floating values of `float_bytes` each and weight gradients of `gradient_bytes` per value. Each is linear
-    in the batch. The forward pass holds no weight gradients yet; its activations are given less all of them, as
-    a breakdown adds the gradients apart.
+def loss_keeps(model: Any) -> bool:
+    """Whether `model`'s compiled loss keeps a tensor of its outputs' size for its backward: the cross-entropies
+    do (their log-probabilities).
 
     Example:
 
-    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="h"), keras.layers.Dense(2, name="o")])
-    >>> step_bytes(steps(*trace(model, keras.KerasTensor((16, 8)))), float_bytes=4)[2:]  # the backward pass
-    [('o', 640, 40), ('h', 256, 184)]
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    >>> model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    >>> loss_keeps(model)
+    True
     """
-    needed_by: dict[int, int] = {}
-    sizes: dict[int, int] = {}
-    carried = {t.key for step in forward if step.gradient for t in step.outputs}  # tensors with a gradient
-    produced: dict[int, int] = {}
-    last_use: dict[int, int] = {}
-    for i, step in enumerate(forward):
-        for t in step.kept:
-            needed_by[t.key] = min(needed_by.get(t.key, i), i)
-            sizes[t.key] = t.nbytes(float_bytes)
-        for t in step.outputs:
-            produced.setdefault(t.key, i)
-            if t.kind == "float":
-                sizes.setdefault(t.key, t.nbytes(float_bytes))
-        for t in step.inputs:
-            last_use[t.key] = i
-    total = sum(step.weights for step in forward) * gradient_bytes
-    out = []
-    for i, step in enumerate(forward):  # a tensor lives until its last consumer has run, or its backward
-        live = sum(sizes[k] for k, p in produced.items() if k in sizes and p <= i and (
-            k in needed_by or last_use.get(k, len(forward)) >= i))
-        live += sum(t.nbytes(float_bytes) for s in forward[:i + 1] for t in s.saved)
-        out.append((f"{step.name} (forward)", live - total, total))
-    weight_gradients = 0
-    for i in range(len(forward) - 1, -1, -1):
-        step = forward[i]
-        if not step.gradient:
-            continue  # its backward does not run
-        weight_gradients += step.weights * gradient_bytes
-        # A kept tensor no step made is the model's input (a backend may convert it on the way in): the batch.
-        kept = sum(sizes[k] for k, first in needed_by.items() if first <= i and k in produced)
-        saved = sum(t.nbytes(float_bytes) for s in forward[:i + 1] for t in s.saved)
-        own = sum(sizes[k] for k, p in produced.items() if k in sizes and k in carried and p == i)
-        before = [(k, last_use.get(k, -1)) for k, p in produced.items() if k in sizes and k in carried and p < i]
-        later = sum(sizes[k] for k, last in before if last > i)  # gradients already begun by later consumers
-        inputs = sum(sizes[k] for k, last in before if last == i)  # gradients this step begins
-        temporary = sum(t.nbytes(float_bytes) for t in step.temporary)
-        live = kept + saved + own + later + inputs + temporary
-        if step.activation:  # the activation's backward, then the weights' without the output and its gradient
-            kept_own = sum(sizes[k] for k, first in needed_by.items() if first == i and produced.get(k) == i)
-            live = max(kept + saved + own + later + temporary, kept - kept_own + saved + later + inputs + temporary)
-        out.append((step.name, live, weight_gradients))
-    return out
-
-
-def peak_bytes(forward: list[Step], float_bytes: int, gradient_bytes: int = 4) -> tuple[int, str]:
-    """The activation memory live at the peak of the training step `forward` (see NOTE [ What the backward pass
-    keeps ]), with floating values of `float_bytes` each, and the step where it happens: the step of `step_bytes`
-    where activations and the weight gradients made so far (`gradient_bytes` per value) hold the most together.
-
-    Example:
-
-    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="relu", name="h"),
-    ...                           keras.layers.Dense(2, name="o")])
-    >>> peak_bytes(steps(*trace(model, keras.KerasTensor((16, 8)))), float_bytes=4)  # h's output, 2 gradients
-    (768, 'h')
-    """
-    best, where, most = 0, "none", -1
-    for name, live, weight_gradients in step_bytes(forward, float_bytes, gradient_bytes):
-        if live + weight_gradients > most:
-            best, where, most = live, name, live + weight_gradients
-    return best, where
+    losses = keras.tree.flatten(getattr(model, "loss", None))
+    names = [loss if isinstance(loss, str) else type(loss).__name__ for loss in losses if loss is not None]
+    return any("crossentropy" in name.lower().replace("_", "") for name in names)

@@ -30,7 +30,7 @@ from kfast.planning.xla_memory import CompiledStepMemory
 METHODS = ("compile", "analytical")
 # The analytical estimate against XLA's compile for an H100, over benchmarks/memory_zoo.py's models and batches
 # (estimate / XLA): the range printed beside an analytical number. Updated with RESULTS.md.
-ANALYTICAL_RANGE = (0.85, 1.9)
+ANALYTICAL_RANGE = (0.76, 1.40)
 _CONTEXT = 512 * 2**20  # the CUDA context and libraries' allowance outside JAX's pool: not measured here
 
 
@@ -224,7 +224,8 @@ def plan_device_memory(model: keras.Model, batch: Any, *, device: str, variant: 
             plan = DeviceMemory(spec, variant, "compile", step.total, margin, compiled=step)
             return _with_changes(plan, model, batch) if changes and not plan.fits else plan
     breakdown = MemoryModel(model, batch).breakdown(variant.batch_size, precision=variant.precision,
-                                                    accumulation=variant.accumulation, mesh=variant.mesh)
+                                                    accumulation=variant.accumulation, mesh=variant.mesh,
+                                                    target="gpu")
     return DeviceMemory(spec, variant, "analytical", breakdown.peak, margin, breakdown=breakdown, reason=reason)
 
 

@@ -174,7 +174,16 @@ class _Tracer:
                 return self.body(layer, args, kwargs, kwargs["training"])
             except Exception:  # its call() does not run on KerasTensors: one layer, as any other
                 del self.calls[recorded:]
-        return [], _Shapes(layer).compute_output_spec(*args, **kwargs)
+        try:
+            return [], _Shapes(layer).compute_output_spec(*args, **kwargs)
+        except Exception:
+            if not isinstance(layer, keras.layers.MultiHeadAttention):
+                raise
+            # A subclass whose call() takes arguments Keras's own shape inference does not (KerasHub's cached
+            # attention): its output is shaped by the public rule of the layer it extends.
+            query = args[0] if args else kwargs["query"]
+            value = args[1] if len(args) > 1 else kwargs.get("value", query)
+            return [], keras.KerasTensor(layer.compute_output_shape(query.shape, value.shape), query.dtype)
 
 
 def trace(model: keras.Model, x_spec: Any) -> tuple[list[LayerCall], list[Any]]:

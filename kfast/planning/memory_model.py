@@ -18,14 +18,17 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfast import nvml
 from kfast._core import fit_timing
 from kfast.planning import activations
+from kfast.planning import backward_pass
 from kfast.planning import layouts
 from kfast.planning.cost_model import human_bytes
 
 # Slots per trainable value, by optimizer class, when the optimizer cannot be asked (see `_slot_ratio`).
 _SLOTS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "Lamb": 2, "Adadelta": 2, "Ftrl": 2, "Lion": 1,
           "Adagrad": 1, "Adafactor": 0}
+TARGETS = ("cpu", "gpu")
 _TRACE_BATCHES = (2, 4)  # activations are linear in the batch: two traces give the line
 
 
@@ -49,6 +52,7 @@ class MemoryBreakdown:
         batch: the micro-batch's inputs, targets and sample weights.
         per_sample: activation and batch bytes per sample of the micro-batch.
         peak_at: the layer whose backward pass holds the most activation memory.
+        target: the compiler predicted for: `"cpu"` or `"gpu"` (see `MemoryModel.breakdown`).
 
     Example:
 
@@ -71,6 +75,7 @@ class MemoryBreakdown:
     batch: int
     per_sample: float
     peak_at: str
+    target: str = "cpu"
 
     @property
     def model_states(self) -> int:
@@ -95,6 +100,14 @@ class MemoryBreakdown:
         lines += [f"  {name:<16}{human_bytes(n):>10}" for name, n in rows]
         lines[-3] += f"  (kept for the backward pass; most at {self.peak_at})"
         return "\n".join(lines)
+
+
+def _this_machine() -> str:
+    """The compiler a step here gets: a GPU's when NVML sees one, else the CPU's."""
+    try:
+        return "gpu" if nvml.list_gpus() else "cpu"
+    except nvml.NvmlUnavailable:
+        return "cpu"
 
 
 def _itemsize(dtype: Any) -> int:
@@ -191,7 +204,7 @@ class MemoryModel:
         self.accumulating = _accumulates(optimizer) if optimizer is not None else 1
         self.optimizer_name = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
         self._steps = []
-        self._lines: dict[int, list[tuple[str, float, float, int]]] = {}
+        self._lines: dict[tuple[int, str], list[tuple[str, float, float, int]]] = {}
         self._split: dict[int, set[str]] = {}
         for n in _TRACE_BATCHES:
             spec = keras.tree.map_structure(lambda s: keras.KerasTensor((n,) + s.shape[1:], s.dtype), x_spec)
@@ -202,7 +215,7 @@ class MemoryModel:
                                  f"{[tuple(s.shape) for s in keras.tree.flatten(spec)]} to read its activations: "
                                  f"{type(e).__name__}: {e} Pass the batch you train on (batch=), or check that the "
                                  "model's call() accepts it.") from e
-            self._steps.append(activations.steps(calls, seen))
+            self._steps.append(activations.steps(calls, seen, activations.loss_keeps(model)))
         unread = sorted({f"{type(c.layer).__name__} {c.layer.name!r}" for c in calls if c.unread})
         if unread:
             # Said, never silently low: what a layer keeps inside is read from Keras's graph of its call.
@@ -211,29 +224,34 @@ class MemoryModel:
                           "inside for the backward pass is not in the estimate, which is low by that much. On Keras's "
                           "JAX backend, plan with compiled=True for XLA's own number.", stacklevel=3)
 
-    def _activation_lines(self, float_bytes: int) -> list[tuple[str, float, float, int]]:
+    def _activation_lines(self, float_bytes: int, target: str) -> list[tuple[str, float, float, int]]:
         """Each step's (name, activation bytes at batch 0, bytes per sample, weight-gradient bytes) for floating
         values of `float_bytes`: what a step holds is linear in the batch, but which step holds the most may
         change with it (a recurrent layer's backward against the loss's), so the peak is taken per batch."""
-        if float_bytes not in self._lines:
-            small, large = (activations.step_bytes(s, float_bytes) for s in self._steps)
+        if (float_bytes, target) not in self._lines:
+            small, large = (backward_pass.step_bytes(s, float_bytes, target=target)
+                            for s in self._steps)
             span = _TRACE_BATCHES[1] - _TRACE_BATCHES[0]
-            self._lines[float_bytes] = [
+            self._lines[float_bytes, target] = [
                 (name, a - (b - a) / span * _TRACE_BATCHES[0], (b - a) / span, grads)
                 for (name, a, grads), (_, b, _) in zip(small, large)]
-        return self._lines[float_bytes]
+        return self._lines[float_bytes, target]
 
-    def _activations_at(self, micro: int, float_bytes: int) -> tuple[float, float, str]:
+    def _activations_at(self, micro: int, float_bytes: int, target: str) -> tuple[float, float, str]:
         """(activation bytes, bytes per sample, step) at the peak of a micro-batch of `micro` samples."""
-        lines = self._activation_lines(float_bytes)
-        name, constant, slope, _ = max(lines, key=lambda line: line[1] + line[2] * micro + line[3])
+        lines = self._activation_lines(float_bytes, target)
+        name, constant, slope, _ = max(lines, key=lambda line: line[1] + line[2] * micro)
         return constant + slope * micro, slope, name
 
     def breakdown(self, batch_size: int, *, precision: str | None = None, accumulation: int | None = None,
-                  mesh: tuple[int, int] = (1, 1)) -> MemoryBreakdown:
+                  mesh: tuple[int, int] = (1, 1), target: str | None = None) -> MemoryBreakdown:
         """The per-device breakdown at `batch_size` samples per step per data-parallel replica, under
         `precision` (None: the model's policy), `accumulation` passes (None: the optimizer's own) and a
-        `(data, model)` mesh."""
+        `(data, model)` mesh, for a `target` compiler: `"cpu"` (XLA's CPU backend re-lays some tensors out in
+        copies of their own) or `"gpu"` (None: a GPU when NVML sees one here, else the CPU)."""
+        target = target or _this_machine()
+        if target not in TARGETS:
+            raise ValueError(f"kfast got target={target!r}; expected one of {TARGETS}.")
         policy = _policy(precision, self.model)
         k = accumulation or self.accumulating
         micro = math.ceil(batch_size / k)
@@ -245,14 +263,14 @@ class MemoryModel:
         split = self._split[mesh[1]]
         values = sum(math.prod(s) / (mesh[1] if path in split else 1) for path, s, _ in self.trainable)
         trainable = int(values * variable_bytes)
-        active, slope, where = self._activations_at(micro, _itemsize(policy.compute_dtype))
+        active, slope, where = self._activations_at(micro, _itemsize(policy.compute_dtype), target)
         accumulators = trainable if k > 1 and self.accumulating == 1 else 0
         return MemoryBreakdown(
             batch_size=batch_size, micro_batch=micro, accumulation=k, precision=policy.name, mesh=(mesh[0], mesh[1]),
             parameters=trainable + self.frozen_bytes, gradients=trainable,
             optimizer=int(self.slots * trainable) + accumulators,
             activations=int(round(active)), batch=int(self.batch_per_sample * micro),
-            per_sample=slope + self.batch_per_sample, peak_at=where)
+            per_sample=slope + self.batch_per_sample, peak_at=where, target=target)
 
 
 def _leaves(batch: Any) -> list[Any]:
