@@ -61,12 +61,14 @@ $(BACKEND_STAMPS): $(BACKEND_INPUTS)
 $(NIGHTLY_STAMP): constraints-nightly.txt
 
 # The tests marked `backends` (tests/conftest.py's BACKEND_MODULES), with Keras on JAX and on PyTorch.
+# .venv-jax has JAX's CUDA plugin (kfast[plan-gpu], to compile for a named GPU): without a GPU, JAX_PLATFORMS=cpu
+# keeps it from looking for CUDA (and printing why it found none) at every JAX import.
 # PyTorch's OpenMP threads spin while they wait: on a busy 2-core machine they stretched the tests' 1 ms steps
 # to as much as 120 ms and flipped timing verdicts, so its run computes on one thread.
 test-backends: $(BACKEND_STAMPS)
 	@$(call phases, \
-	  'KERAS_BACKEND=jax .venv-jax/bin/pytest $(PARALLEL) -m "backends and not timing"' \
-	  'KERAS_BACKEND=jax .venv-jax/bin/pytest -m "backends and timing"' \
+	  'KERAS_BACKEND=jax JAX_PLATFORMS=cpu .venv-jax/bin/pytest $(PARALLEL) -m "backends and not timing"' \
+	  'KERAS_BACKEND=jax JAX_PLATFORMS=cpu .venv-jax/bin/pytest -m "backends and timing"' \
 	  'KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest $(PARALLEL) -m "backends and not timing"' \
 	  'KERAS_BACKEND=torch OMP_NUM_THREADS=1 .venv-torch/bin/pytest -m "backends and timing"' \
 	  '$(MAKE) --no-print-directory test-nightly')

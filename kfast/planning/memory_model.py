@@ -221,8 +221,9 @@ class MemoryModel:
             # Said, never silently low: what a layer keeps inside is read from Keras's graph of its call.
             warnings.warn(f"kfast's memory estimate counts {', '.join(unread)} as one layer each: their call() does "
                           "not run on KerasTensors (a loop over time steps, a backend function), so what they keep "
-                          "inside for the backward pass is not in the estimate, which is low by that much. On Keras's "
-                          "JAX backend, plan with compiled=True for XLA's own number.", stacklevel=3)
+                          "inside for the backward pass is not in the estimate, which is low by that much. For XLA's "
+                          "own number, plan with device= (a GPU by name, on any backend), or compiled=True on Keras's "
+                          "JAX backend.", stacklevel=3)
 
     def _activation_lines(self, float_bytes: int, target: str) -> list[tuple[str, float, float, int]]:
         """Each step's (name, activation bytes at batch 0, bytes per sample, weight-gradient bytes) for floating
