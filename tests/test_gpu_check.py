@@ -28,8 +28,9 @@ def _gpu_check_module():
 
 @pytest.mark.timeout(300)
 def test_dry_run_reports_doctor_gpu_monitor_and_both_feeds_side_by_side(tmp_path):
+    # The tier's own backend (the suite's venv has JAX too, for kfast[plan-gpu], and the script prefers it).
     env = {**os.environ, "PYTHON": sys.executable, "TF_CPP_MIN_LOG_LEVEL": "3", "KFAST_CACHE_DIR": str(tmp_path),
-           "GPU_CHECK_TIMEOUT": "240"}
+           "GPU_CHECK_TIMEOUT": "240", "KERAS_BACKEND": keras.backend.backend()}
     proc = subprocess.run(["bash", os.path.join(SCRIPTS, "gpu_check.sh"), "--dry-run"], capture_output=True,
                           text=True, timeout=280, cwd=tmp_path, env=env)
     out = proc.stdout

@@ -82,6 +82,8 @@ def test_an_unknown_gpu_is_a_value_error_listing_the_known_ones():
     assert all(name in str(e.value) for name in known_gpus())
     with pytest.raises(ValueError, match="A100-40GB, A100-80GB"):
         estimate_memory(mlp(), batch(), device="A100")  # two memory sizes: the user picks
+    with pytest.raises(ValueError, match=r"mesh=\(0, 2\); expected \(data, model\)"):
+        estimate_memory(mlp(), batch(), device="H100", mesh=(0, 2))
 
 
 @needs_plugin

@@ -9,7 +9,11 @@ them for every rank:
     I0000 00:00:1795988394.277964   24508 cpu_feature_guard.cc:227] This TensorFlow binary is optimized ...
     To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with ...
 
-Only those lines match (with or without horovodrun's `[rank]<stderr>:` prefix); warnings and errors,
+and, where NVIDIA's CUDA wheels are installed (kfast[plan-gpu] brings the nvcc one) on a machine without a driver:
+
+    I0000 00:00:1796676025.557661   30219 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU ...
+
+(`kfast doctor` says whether a GPU is seen, and why not.) Only those lines match (with or without horovodrun's `[rank]<stderr>:` prefix); warnings and errors,
 TensorFlow's included, pass. `KFAST_TF_STARTUP_LOGS=1` passes everything.
 
 The module imports nothing from kfast, so a shell can filter through it without starting TensorFlow:
@@ -31,6 +35,7 @@ _NOISE = re.compile(_PREFIX + "(?:" + "|".join([
                  r"instructions in performance-critical operations\.",
     r"To enable the following instructions: [A-Z0-9_ ]+, in other operations, rebuild TensorFlow with the "
     r"appropriate compiler flags\.",
+    _ABSL_INFO + r"cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\.",
 ]) + r")\r?\n?")
 
 

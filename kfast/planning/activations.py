@@ -331,7 +331,8 @@ def _attention_scores(call: LayerCall) -> tuple[list[Tensor], list[Tensor]]:
 def _read_by_rule(layer: Any) -> bool:
     """Whether a recurrent layer runs the loop its rule was measured on (no recurrent dropout, not unrolled;
     a GRU on its fused path)."""
-    if not isinstance(layer, tuple(_RECURRENT)) or layer.unroll or getattr(layer, "recurrent_dropout", 0):
+    if not isinstance(layer, tuple(_RECURRENT)) or getattr(layer, "unroll", False) or getattr(
+            layer, "recurrent_dropout", 0):
         return False
     return not isinstance(layer, _L.GRU) or layer.reset_after
 

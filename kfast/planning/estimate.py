@@ -87,7 +87,9 @@ def estimate_memory(model: keras.Model, batch: Any = None, *, batch_size: int | 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"estimate_memory got batch_size={batch_size!r}; it must be a positive int.")
     if device is not None:
-        variant = StepVariant(batch_size, tuple(mesh), precision, accumulation or 1)
+        if len(mesh) != 2 or not all(isinstance(n, int) and n >= 1 for n in mesh):
+            raise ValueError(f"estimate_memory got mesh={mesh!r}; expected (data, model) device counts, e.g. (2, 4).")
+        variant = StepVariant(batch_size, (mesh[0], mesh[1]), precision, accumulation or 1)
         return plan_device_memory(model, batch if batch is not None else zeros_batch(model), device=device,
                                   variant=variant, method=method)
     if method is not None:

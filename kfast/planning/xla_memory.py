@@ -169,6 +169,10 @@ def compiled_step_memory(model: keras.Model, batch: Any, *, batch_size: int | No
         if spec is None:
             raise
         raise deviceless.compile_error(spec, e) from e
+    if analysis is None:
+        where = spec.name if spec else "this machine"
+        raise RuntimeError(f"XLA gave no memory analysis for the step compiled for {where}; this jaxlib's backend "
+                           "does not report one.")
     kind = spec.description if spec else str(jax.devices()[0].device_kind)
     return CompiledStepMemory(
         argument=int(analysis.argument_size_in_bytes), output=int(analysis.output_size_in_bytes),
