@@ -18,7 +18,7 @@ from kfast.data import ArrayDataset
 from kfast.data import FastLoader
 
 _SCRIPT = (
-    "import ctypes, signal, sys, time, keras\n"
+    "import ctypes, signal, sys, threading, time, keras\n"
     f"sys.path.insert(0, {os.path.join(REPO, 'tests')!r})\n"
     "import datasets\n"
     "from kfast.data import FastLoader\n"
@@ -26,9 +26,11 @@ _SCRIPT = (
     "    def on_train_batch_end(self, batch, logs=None):\n"
     "        if batch != 3:\n"
     "            return\n"
-    "        # A framework op that never returns: the main thread stays in C, where Ctrl-C cannot reach it.\n"
+    "        # A framework op that never returns: the main thread stays in C, where Ctrl-C cannot reach it. Another\n"
+    "        # thread says so once it is there: a Ctrl-C sent while the main thread still ran Python (printing,\n"
+    "        # say) would reach Python's handler there, which is not the case under test.\n"
+    "        threading.Timer(1.0, print, ('stuck',), {'flush': True}).start()\n"
     "        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
-    "        print('stuck', flush=True)\n"
     "        while True:\n"
     "            ctypes.CDLL(None).pause()\n"
     "class Interrupted(keras.callbacks.Callback):\n"
