@@ -149,7 +149,8 @@ def topology(spec: GpuSpec, devices: int) -> Any:
 
 
 def shardings(spec: GpuSpec, placement: Placement) -> tuple[Any, Any]:
-    """(replicated, batch-split) `NamedSharding`s over `placement`'s mesh of `spec` devices, and the mesh."""
+    """The mesh of `placement`'s devices of `spec` with axes ("data", "model"), and a replicated `NamedSharding`
+    on it."""
     import jax
     from jax.experimental import topologies
 

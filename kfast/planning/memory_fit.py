@@ -206,7 +206,7 @@ def check_fit(memory_model: MemoryModel, now: MemoryBreakdown, device_memory: in
                         continue
                     tried.add((precision, k, m))
                     new = memory_model.breakdown(now.batch_size, precision=precision, accumulation=k,
-                                                 mesh=(now.mesh[0], m))
+                                                 mesh=(now.mesh[0], m), target=now.target)
                     if new.peak <= usable:
                         return MemoryFit(device_memory, usable, source, fits, largest_batch(now, usable),
                                          Change(_describe(now, new), new.precision, k, new.mesh, new))

@@ -203,6 +203,7 @@ class MemoryModel:
         self.slots = _slot_ratio(optimizer, trainable_bytes) if optimizer is not None else 0.0
         self.accumulating = _accumulates(optimizer) if optimizer is not None else 1
         self.optimizer_name = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
+        self.target = _this_machine()  # the compiler a breakdown predicts for unless told: asked once
         self._steps = []
         self._lines: dict[tuple[int, str], list[tuple[str, float, float, int]]] = {}
         self._split: dict[int, set[str]] = {}
@@ -249,8 +250,8 @@ class MemoryModel:
         """The per-device breakdown at `batch_size` samples per step per data-parallel replica, under
         `precision` (None: the model's policy), `accumulation` passes (None: the optimizer's own) and a
         `(data, model)` mesh, for a `target` compiler: `"cpu"` (XLA's CPU backend re-lays some tensors out in
-        copies of their own) or `"gpu"` (None: a GPU when NVML sees one here, else the CPU)."""
-        target = target or _this_machine()
+        copies of their own) or `"gpu"` (None: `self.target`, a GPU when NVML saw one here, else the CPU)."""
+        target = target or self.target
         if target not in TARGETS:
             raise ValueError(f"kfast got target={target!r}; expected one of {TARGETS}.")
         policy = _policy(precision, self.model)
