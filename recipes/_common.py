@@ -80,7 +80,7 @@ def check_positive(parser, args):
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.lr <= 0:
         parser.error(f"--lr must be > 0, got {args.lr}")
-    if args.data and not os.path.exists(args.data):
+    if args.data and not os.path.exists(args.data) and not args.data.startswith("s3://"):
         parser.error(f"--data {args.data!r} does not exist; pass a dataset path, or omit --data for synthetic data")
     if args.tensorboard and args.tensorboard.lower() != "none" and not _have_tensorboard():
         parser.error(f"--tensorboard {args.tensorboard!r} needs the tensorboard package: pip install "

@@ -3,7 +3,8 @@
     kfast train image-classification                       # synthetic images
     kfast train image-classification --make-sample imgs    # write a small PNG folder
     kfast train image-classification --data imgs           # one sub-folder per class, JPEG or PNG
-    kfast train image-classification --data imgs --skip-bad-files   # train without unreadable images
+    kfast train image-classification --data imgs --skip-bad-files   # train past unreadable images
+    kfast pack imgs imgs-packed && kfast train image-classification --data imgs-packed   # packed shards
     horovodrun -np 2 python recipes/image_classification.py --epochs 3
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -29,10 +31,13 @@ if TYPE_CHECKING:
 
 SUMMARY = "ResNet-style CNN on an image folder (one sub-folder per class) or synthetic images"
 _EXTENSIONS = (".png", ".jpg", ".jpeg")
-# Folders up to this size are fully decoded when indexed; larger ones only have their headers read, so a
-# file broken past its header fails (naming its path) in a loader worker instead.
+# index_images decodes folders up to this size in full; larger ones only have their headers read.
 _DECODE_CHECK_BYTES = 256 * 2**20
-_reported_bad: set[str] = set()  # unreadable files this process has reported already
+# With skip_bad_files, a process stops once more than _BAD_FILES_ALLOWED of the images it has read, and more than
+# _MAX_BAD_FRACTION of them, could not be decoded: that many is a wrong folder or a broken copy, not a few bad files.
+_MAX_BAD_FRACTION = 0.1
+_BAD_FILES_ALLOWED = 10
+_BAD_FILES_NAMED = 5  # each process names this many on stderr, then gives the count at each doubling
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classes", type=int, default=4, help="classes of synthetic data (default 4)")
     parser.add_argument("--samples", type=int, default=1024, help="synthetic training images (default 1024)")
     parser.add_argument("--skip-bad-files", action="store_true",
-                        help="skip images that cannot be decoded (and say how many) instead of stopping")
+                        help="skip images that cannot be decoded as they are read (naming the first few on stderr) "
+                             "instead of stopping; more than 10%% of those read stops the run")
 
 
 def synthetic_image(label: int, classes: int, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -104,6 +110,26 @@ def _class_names(root: str) -> list[str]:
     return sorted(d for d in os.listdir(root) if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
 
 
+def _list_images(root: str) -> tuple[list[str], list[tuple[str, int]]]:
+    """Class names and `(path, label)` pairs under root/<class>/: one listing of each folder, no file opened or sized."""
+    classes = _class_names(root)
+    files: list[tuple[str, int]] = []
+    for label, name in enumerate(classes):
+        folder = os.path.join(root, name)
+        with os.scandir(folder) as entries:  # names only: DirEntry.is_file() may stat, and a folder fails when read
+            found = sorted(entry.name for entry in entries if entry.name.lower().endswith(_EXTENSIONS))
+        files += [(os.path.join(folder, f), label) for f in found]
+    return classes, files
+
+
+def _require_two_classes(root: str, classes: list[str], files: list[tuple[str, int]], what: str = "images") -> None:
+    found = sorted({classes[label] for _, label in files})
+    if len(found) < 2:
+        raise ValueError(f"ImageFolder found {what} in {len(found)} class folder(s) under {root!r}"
+                         f"{': ' + ', '.join(found) if found else ''}; a classifier needs at least two. Put each "
+                         f"class's images in its own sub-folder: {root}/<class>/<image>.png.")
+
+
 def _problem(path: str, decode: bool) -> str | None:
     """Why the image at `path` cannot be used (None if it can): its header only, or a full decode."""
     from PIL import Image
@@ -119,24 +145,24 @@ def _problem(path: str, decode: bool) -> str | None:
 
 
 def index_images(root: str, skip_bad_files: bool = False) -> tuple[list[str], list[tuple[str, int]], list[str]]:
-    """Lists and checks the images under `root/<class>/`.
+    """Lists and checks every image under `root/<class>/`: an optional check before training.
 
-    Folders up to 256 MiB are decoded in full (in threads), larger ones have every header read, so that a
-    broken image stops the run before training starts, naming the file.
+    `ImageFolder` does not call it: it only lists the folder and checks each image as a loader worker reads it.
+    Call this to find every unreadable file before a long run, at the cost of reading the whole folder first:
+    up to 256 MiB every image is decoded (in threads), beyond that every header is read.
 
     Args:
         root: a folder with one sub-folder per class (hidden ones are ignored).
         skip_bad_files: leave unreadable images out (they are returned) rather than raise. Defaults to `False`.
 
     Returns:
-        `(classes, files, skipped)`: class names, `(path, label)` pairs and the unreadable paths left out.
+        `(classes, files, skipped)`: class names, `(path, label)` pairs and the unreadable paths left out. Pass
+        `files` to `ImageFolder(root, ..., files=files)` to train on the checked list.
 
     Raises:
         ValueError: for unreadable images (without `skip_bad_files`), or for fewer than two classes with images.
     """
-    classes = _class_names(root)
-    files = [(os.path.join(root, c, f), i) for i, c in enumerate(classes)
-             for f in sorted(os.listdir(os.path.join(root, c))) if f.lower().endswith(_EXTENSIONS)]
+    classes, files = _list_images(root)
     sizes = itertools.accumulate(os.path.getsize(path) for path, _ in files)
     decode = all(total <= _DECODE_CHECK_BYTES for total in sizes)  # stops at the first file past the limit
     with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # decoders release the GIL
@@ -148,39 +174,81 @@ def index_images(root: str, skip_bad_files: bool = False) -> tuple[list[str], li
                          f"delete them, or pass --skip-bad-files (ImageFolder(skip_bad_files=True)) to train without "
                          f"them.")
     files = [item for item, why in zip(files, problems) if not why]
-    found = sorted({classes[label] for _, label in files})
-    if len(found) < 2:
-        raise ValueError(f"ImageFolder found readable images in {len(found)} class folder(s) under {root!r}"
-                         f"{': ' + ', '.join(found) if found else ''}; a classifier needs at least two. Put each "
-                         f"class's images in its own sub-folder: {root}/<class>/<image>.png.")
+    _require_two_classes(root, classes, files, what="readable images")
     return classes, files, [path for path, _ in bad]
+
+
+# NOTE [ Unreadable images are found as they are read ]
+# Nothing before the first step costs more per image than one listing of each class folder: opening every file
+# up front took 33 s for 300,000 small JPEGs, 18 minutes at 10^7. So `_load`, in the loader's workers, is where a
+# bad file is met. Without skip_bad_files it raises, naming the file. With it, the next file in the list takes
+# the bad one's place (in the same class folder, usually) rather than the batch coming back one shorter: batches
+# keep one shape, so a compiled step is not traced again, ranks stay in step and shared-memory slots fit, and a
+# batch of bad files cannot come back empty. The counts are this object's, in this process: each worker process
+# holds its own copy, so each names its first few bad files and applies the cap to what it has read itself.
 
 
 class ImageFolder(keras.utils.PyDataset):
     """Images under `root/<class>/*.{png,jpg,jpeg}`, decoded, resized and augmented in the loader's workers.
 
-    The files are checked when the folder is indexed (see `index_images`). With `augment`, each image gets a
-    random horizontal flip and a random crop after 12.5% padding, drawn from (seed, epoch, index) so that
-    every worker agrees. `set_epoch` reshuffles the samples. An image that fails to decode in a worker
-    raises a ValueError naming it, or, with `skip_bad_files`, is replaced by the next readable file (its
-    neighbour in the same class folder, usually) and reported once per process.
+    Building one only lists the class folders: each image is opened when its batch is read. An image that
+    cannot be decoded then raises a ValueError naming it, or, with `skip_bad_files`, is replaced by the next
+    readable file (its neighbour in the same class folder, usually); each process names its first few on
+    stderr, and raises once more than 10% of the images it has read (and more than 10) are unreadable. To check
+    every file before training instead, pass `files` from `index_images`. With `augment`, each image gets a
+    random horizontal flip and a random crop after 12.5% padding, drawn from (seed, epoch, index) so that every
+    worker agrees. `set_epoch` reshuffles the samples.
+
+    Args:
+        root: a folder with one sub-folder per class (hidden ones are ignored).
+        batch_size: images per batch.
+        size: side of the square the images are resized to.
+        augment: flip and crop at random. Defaults to `False`.
+        seed: seed of the shuffle and the augmentation. Defaults to `0`.
+        files: `(path, label)` pairs to use instead of listing `root` (a split, or `index_images`'s checked
+            list). Defaults to `None`.
+        skip_bad_files: replace unreadable images rather than raise. Defaults to `False`.
+        **kwargs: `keras.utils.PyDataset`'s `workers`, `use_multiprocessing`, `max_queue_size`.
 
     Attributes:
-        skipped: the unreadable paths left out (with `skip_bad_files`).
+        files_read: the image files this object has opened in this process, unreadable ones included.
+        bad_files: `{path: why}` of the unreadable images this object has met in this process, in order.
+
+    Raises:
+        ValueError: for fewer than two class folders with images, or no images.
+
+    Example:
+        >>> folder = ImageFolder(write_sample("imgs", classes=2, per_class=4, size=8), batch_size=4, size=8)
+        >>> folder.files_read
+        0
+        >>> images, labels = folder[0]
+        >>> images.shape, folder.files_read
+        ((4, 8, 8, 3), 4)
     """
 
     def __init__(self, root: str, batch_size: int, size: int, augment: bool = False, seed: int = 0,
                  files: list[tuple[str, int]] | None = None, skip_bad_files: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if files is None:
-            self.classes, files, self.skipped = index_images(root, skip_bad_files)
+            self.classes, files = _list_images(root)
+            _require_two_classes(root, self.classes, files)
         else:
-            self.classes, self.skipped = _class_names(root), []
+            self.classes = _class_names(root)
         if not files:
             raise ValueError(f"ImageFolder found no {'/'.join(_EXTENSIONS)} files under {root!r}.")
         self.files, self.skip_bad_files = files, skip_bad_files
         self.root, self.batch_size, self.size, self.augment, self.seed = root, batch_size, size, augment, seed
+        self.files_read = 0
+        self.bad_files: dict[str, str] = {}
         self.set_epoch(0)
+
+    @property
+    def skipped(self) -> list[str]:
+        """Deprecated: the unreadable paths met so far in this process; read `bad_files` instead."""
+        warnings.warn("ImageFolder.skipped is deprecated: images are checked as they are read, not when the folder "
+                      "is listed; read ImageFolder.bad_files (this process's finds so far), or call index_images "
+                      "to check every file up front.", DeprecationWarning, stacklevel=2)
+        return list(self.bad_files)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -195,10 +263,31 @@ class ImageFolder(keras.utils.PyDataset):
         with Image.open(path) as img:
             return np.asarray(to_rgb(img, path).resize((self.size, self.size)), dtype=np.uint8)
 
+    def _skip(self, path: str, why: str) -> None:
+        """Counts unreadable `path`, names it if it is among this process's first few, and applies the cap."""
+        if path in self.bad_files:
+            return
+        self.bad_files[path] = why
+        bad, read, pid = len(self.bad_files), self.files_read, os.getpid()
+        if bad > max(_BAD_FILES_ALLOWED, _MAX_BAD_FRACTION * read):
+            shown = "; ".join(f"{p} ({w})" for p, w in itertools.islice(self.bad_files.items(), 3))
+            raise ValueError(f"--skip-bad-files: {bad} of the {read} images process {pid} read under {self.root!r} "
+                             f"cannot be decoded (more than {_MAX_BAD_FRACTION:.0%}), among them {shown}. That many "
+                             f"is more likely a wrong folder or a broken copy than a few bad files: check the folder "
+                             f"(kfast.recipes.image_classification.index_images lists every unreadable file).")
+        count = f"{bad} unreadable of {read} images read by process {pid} so far"
+        if bad <= _BAD_FILES_NAMED:
+            more = "; further ones are counted, not named" if bad == _BAD_FILES_NAMED else ""
+            print(f"--skip-bad-files: cannot decode {path} ({why}); the next image takes its place ({count}{more}).",
+                  file=sys.stderr, flush=True)
+        elif bad & (bad - 1) == 0:  # a power of two: a few lines however many there are
+            print(f"--skip-bad-files: {count}.", file=sys.stderr, flush=True)
+
     def _load(self, i: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
         """File i (or, with skip_bad_files, the next one that decodes), decoded and augmented, and its label."""
         for step in range(len(self.files)):
             path, label = self.files[(i + step) % len(self.files)]
+            self.files_read += 1
             try:
                 image = self._decode(path)
                 break
@@ -207,10 +296,7 @@ class ImageFolder(keras.utils.PyDataset):
                 if not self.skip_bad_files:
                     raise ValueError(f"ImageFolder cannot decode {path} ({why}); replace or delete it, or pass "
                                      f"--skip-bad-files (ImageFolder(skip_bad_files=True)) to train without it.") from e
-                if path not in _reported_bad:
-                    _reported_bad.add(path)
-                    print(f"--skip-bad-files: cannot decode {path} ({why}); the next image takes its place.",
-                          file=sys.stderr, flush=True)
+                self._skip(path, why)
         else:
             raise ValueError(f"ImageFolder could decode none of its {len(self.files)} images under {self.root!r}.")
         if self.augment:
@@ -267,13 +353,16 @@ def model(size: int, classes: int) -> keras.Model:
 def build(args: argparse.Namespace) -> Recipe:
     from kfast import distributed
     from kfast.recipes import _common
+    from kfast.recipes._packed import is_pack, packed_images
 
-    if args.data:
-        folder = ImageFolder(args.data, args.batch_size, args.image_size, skip_bad_files=args.skip_bad_files)
-        if folder.skipped and distributed.is_chief():
-            shown = ", ".join(folder.skipped[:3]) + (", ..." if len(folder.skipped) > 3 else "")
-            print(f"--skip-bad-files: skipped {len(folder.skipped)} of {len(folder.skipped) + len(folder.files)} "
-                  f"image(s) that cannot be read: {shown}", flush=True)
+    if args.data and is_pack(args.data):
+        train, val, classes = packed_images(args)
+    elif args.data:
+        folder = ImageFolder(args.data, args.batch_size, args.image_size)  # lists the folder, opens nothing
+        if args.skip_bad_files and distributed.is_chief():
+            print(f"--skip-bad-files: images that cannot be decoded are skipped as they are read (the next image "
+                  f"takes its place); the loader's processes name the first few on stderr, and stop the run if more "
+                  f"than {_MAX_BAD_FRACTION:.0%} of the images one reads are unreadable.", flush=True)
         train_rows, val_rows = _common.split_rows(len(folder.files), args, fraction=0.2)
         train_files, val_files = [folder.files[i] for i in train_rows], [folder.files[i] for i in val_rows]
         skip = args.skip_bad_files

@@ -35,8 +35,9 @@ echo "Installing kfast with $keras and ${framework[*]} into $venv (pinned by ${p
 # No extra: kfast's own requirements hold no TensorFlow, and the test extra's notebook tools are not needed here.
 tools=(pytest pytest-timeout pytest-xdist "${framework[@]}")
 # The JAX tier also compiles for a named GPU without one (kfast plan --device): the plan-gpu extra.
-kfast=.
-[[ $name == jax ]] && kfast=".[plan-gpu]"
+# Packed shards are read on every backend: the packed extra (ArrayRecord) everywhere.
+kfast=".[packed]"
+[[ $name == jax ]] && kfast=".[plan-gpu,packed]"
 if [[ $keras == keras ]]; then
   "$py" -m pip install -q "${constraints[@]}" -e "$kfast" "${tools[@]}"
 else
@@ -51,7 +52,8 @@ for line in setup["options"]["install_requires"].splitlines():
     requirement = line.split("#")[0].strip()
     if requirement and re.match(r"[A-Za-z0-9._-]+", requirement).group().lower() != "keras":
         print(requirement)')
-  "$py" -m pip install -q "${constraints[@]}" "$keras" "${requires[@]}" "${tools[@]}"
+  # The packed extra, as the other backend venvs have it (the packed tests are backend tests).
+  "$py" -m pip install -q "${constraints[@]}" "$keras" "${requires[@]}" "${tools[@]}" "array-record>=0.8,<0.9"
   "$py" -m pip install -q --no-deps -e .
   if "$py" -m pip show keras >/dev/null 2>&1; then
     echo "error: the keras distribution is installed in $venv beside $keras, which owns the same files;" \

@@ -20,7 +20,7 @@ if [[ -z "$gpu" ]]; then
 fi
 # `docs`: MkDocs and mkdocstrings, for `make docs` and the --strict docs build in `make test`. `plan-gpu`: JAX and
 # its CUDA plugin, so that a TensorFlow user's step is compiled for a named GPU in a JAX process (tested here).
-if [[ "$gpu" == 1 ]]; then extras="gpu,test,docs,plan-gpu"; hvd_flag=--gpu; else extras="cpu,test,docs,plan-gpu"; hvd_flag=; fi
+if [[ "$gpu" == 1 ]]; then extras="gpu,test,docs,plan-gpu,packed,s3"; hvd_flag=--gpu; else extras="cpu,test,docs,plan-gpu,packed,s3"; hvd_flag=; fi
 
 echo "Installing kfast[$extras] (pinned by constraints.txt)"
 "$py" -m pip install -q --upgrade "pip>=24" "setuptools>=69" wheel

@@ -38,7 +38,7 @@ BACKEND_MODULES = frozenset({
     "tests/test_gpu_check.py", "tests/data/test_loader.py", "tests/data/test_loader_robustness.py",
     "tests/data/test_fill.py", "tests/data/test_loader_order.py", "tests/callbacks/test_monitors.py",
     "tests/data/test_loader_state.py", "tests/data/test_keras_seam.py",
-    "tests/data/test_loader_batch_sizes.py", "tests/test_plan_memory_xla.py", "tests/test_plan_activations_rules.py",
+    "tests/data/test_loader_batch_sizes.py", "tests/data/test_loader_errors.py", "tests/data/packed/test_packed_epochs.py", "tests/test_plan_memory_xla.py", "tests/test_plan_activations_rules.py",
     "tests/test_plan_gpu.py",  # JAX compiles in its own process; PyTorch's venv has no plugin: the refusal
     "tests/callbacks/test_rank_zero_checkpoint.py",  # step checkpoints read the metric state JAX's fit keeps apart
 })

@@ -47,6 +47,22 @@ class Failing(Squares):
         return super().__getitem__(i)
 
 
+class AllFailing(Squares):
+    """Raises on every index."""
+
+    def __getitem__(self, i):
+        raise NotImplementedError(f"batch {i} is broken")
+
+
+class SomeFailing(Squares):
+    """Raises on indices 2 and 5."""
+
+    def __getitem__(self, i):
+        if i in (2, 5):
+            raise ValueError(f"cannot decode batch {i}")
+        return super().__getitem__(i)
+
+
 class Dying(Squares):
     """The worker process exits abruptly on one index."""
 

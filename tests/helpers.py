@@ -10,6 +10,7 @@ import time
 import zipfile
 
 import keras
+import psutil
 import pytest
 
 from kfast.distributed import horovodrun_path
@@ -233,3 +234,18 @@ readme_snippet = doc_snippet  # the name the tests written before docs/ existed 
 def readme_scale_out_snippet():
     """The first python block of the "Scale out" guide (docs/scale-out.md)."""
     return doc_snippet("Scale out: Horovod on Keras 3")
+
+
+def loader_workers(process=None):
+    """Loader worker processes: descendants, less multiprocessing's resource tracker and fork server."""
+    found = []
+    for child in (process or psutil.Process()).children():
+        try:
+            cmdline = " ".join(child.cmdline())
+            if "forkserver" in cmdline:
+                found += child.children()  # workers are forked by the server, and share its command line
+            elif "resource_tracker" not in cmdline:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found

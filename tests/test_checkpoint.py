@@ -328,3 +328,34 @@ def test_a_checkpoint_holds_the_loaders_own_state_and_restore_hands_it_back_old_
     old = dict(state, data={"order": order_of(saved, 0, 1).as_dict(), "metrics": state["data"]["metrics"]})
     rewrite_state(path, old)
     assert rest() == epoch[3:]
+
+
+def test_a_packed_datasets_seed_is_saved_with_the_loader_and_restore_resumes_its_permutation(tmp_path):
+    # Issue 48: the global permutation is the dataset's (its seed); a checkpoint mid-epoch holds it beside the
+    # loader's position, and restore() puts it back into a PackedDataset made with another seed.
+    x, y = _data()
+    packed = kfast.data.pack((x, y.astype("int64")), str(tmp_path / "pack"), shard_size=10, verbose=0)
+
+    def loader_over(seed):
+        data = kfast.data.PackedDataset(packed, batch_size=4, seed=seed)
+        return kfast.data.FastLoader(data, training=True, seed=11, workers=1, use_multiprocessing=False)
+
+    with loader_over(7) as loader:
+        epoch = [b[1].tolist() for b in loader]
+    keras.utils.set_random_seed(0)
+    with loader_over(7) as loader:
+        _compiled(_mnist_like()).fit(loader, epochs=1, verbose=0, callbacks=[kfast.callbacks.RankZeroCheckpoint(
+            str(tmp_path / "ckpt"), monitor=None, save_freq=3, preemption_signals=None, loader=loader)])
+    path = tmp_path / "ckpt" / "epoch-0001-batch-0003.keras"
+    with zipfile.ZipFile(path) as z:
+        saved = json.loads(z.read("kfast-state.json"))["data"]["loader"]
+    assert saved["dataset"] == {"seed": 7} and saved["batches_done"] == 3
+    for name in os.listdir(tmp_path / "ckpt"):
+        if name != path.name and name.endswith(".keras"):
+            os.remove(tmp_path / "ckpt" / name)
+    with loader_over(99) as again:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the recorded loader seed replaces the given one, with a warning
+            checkpoint.restore(_compiled(_mnist_like()), str(tmp_path / "ckpt"), loader=again)
+        assert again.dataset.seed == 7
+        assert [b[1].tolist() for b in again] == epoch[3:]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from kfast.cli import diagnose
 from kfast.cli import doctor
 from kfast.cli import launch
+from kfast.cli import pack
 from kfast.cli import plan
 from kfast.cli import recipes
 from kfast.cli import tune
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_doctor(subparsers)
     diagnose.add_diagnose(subparsers)
     tune.add_tune(subparsers)
+    pack.add_pack(subparsers)
     plan.add(subparsers)
     recipes.add_recipes(subparsers)
     recipes.add_train(subparsers)

@@ -8,16 +8,20 @@ import importlib
 from typing import TYPE_CHECKING
 from typing import Any
 
-__all__ = ["ArrayDataset", "FastLoader", "LoaderSettings", "ShardedDataset", "WorkerError", "shard"]
+__all__ = ["ArrayDataset", "FastLoader", "LoaderSettings", "PackedDataset", "ShardedDataset", "WorkerError", "pack",
+           "shard"]
 
 _HOMES = {"ArrayDataset": "kfast.data.arrays", "FastLoader": "kfast.data.loader", "LoaderSettings": "kfast.data.settings",
-          "ShardedDataset": "kfast.data.sharding",
+          "PackedDataset": "kfast.data.packed.dataset", "ShardedDataset": "kfast.data.sharding",
+          "pack": "kfast.data.packed.writer",
           "WorkerError": "kfast.data._workers.pool", "shard": "kfast.data.sharding"}
 
 if TYPE_CHECKING:  # what IDEs and type checkers read
     from kfast.data._workers.pool import WorkerError  # noqa: F401
     from kfast.data.arrays import ArrayDataset  # noqa: F401
     from kfast.data.loader import FastLoader  # noqa: F401
+    from kfast.data.packed.dataset import PackedDataset  # noqa: F401
+    from kfast.data.packed.writer import pack  # noqa: F401
     from kfast.data.settings import LoaderSettings  # noqa: F401
     from kfast.data.sharding import ShardedDataset, shard  # noqa: F401
 

@@ -9,6 +9,7 @@ and using it again is an error (one loader feeds one loop at a time).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections import deque
 from typing import Any
 
@@ -20,7 +21,7 @@ from kfast.data._loader_order import EpochPlan
 class Ahead:
     """Batches of the next epoch loaded while `after` ended (adopted by the next iteration if it is `plan`)."""
 
-    after: EpochIterator
+    after: weakref.ref[EpochIterator]  # not a strong reference: dropping an iteration ends it (see __del__)
     plan: EpochPlan
     seqs: list[int]
 
@@ -74,16 +75,31 @@ class EpochIterator:
                 # The pool was closed (a failure, configure()): the tasks in flight are gone; dispatch again.
                 self._pending.clear()
                 self._next, self._generation = self.served, stream.generation
-            self._fill()
             at = self.served
-            batch = stream.result(self._pending.popleft(), lambda: self.plan.indices[at])
+            try:
+                self._fill()
+                batch = stream.result(self._pending.popleft(), lambda: self.plan.indices[at])
+            except BaseException:
+                if not stream.interrupted:
+                    # The batch that failed is done with: the next call goes on to the one after it, as
+                    # PyTorch's DataLoader does, so a loop that skips bad batches ends with the epoch.
+                    self.served += 1
+                raise
             self.served += 1
             try:
                 self._fill()
-            except BaseException:
-                self.served -= 1  # a worker died since: this batch comes again when the pool restarts
-                raise
+            except Exception:  # noqa: BLE001 - the pool is closed; the next call meets the failure itself
+                pass
             return batch
+
+    def __del__(self) -> None:
+        # An iteration dropped before its end ends its workers at once (PyTorch's DataLoader does the same);
+        # the next one starts them again.
+        if not (self.finished or self.stale):
+            try:
+                self._loader._dropped(self)
+            except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone; nothing to end then
+                pass
 
     def _fill(self) -> None:
         loader, stream, indices = self._loader, self._loader._stream, self.plan.indices
@@ -111,8 +127,8 @@ def load_ahead(loader: Any, it: EpochIterator, room: int) -> None:
             or (not loader.settings.use_multiprocessing and hasattr(dataset, "set_epoch")):
         return
     ahead = loader._ahead
-    if ahead is None or ahead.after is not it:
+    if ahead is None or ahead.after() is not it:
         plan = loader._order.plan(loader._cursor.next_epoch, it.plan.shuffled)
-        ahead = loader._ahead = Ahead(it, plan, [])
+        ahead = loader._ahead = Ahead(weakref.ref(it), plan, [])
     while len(ahead.seqs) < min(room, len(ahead.plan.indices)):
         ahead.seqs.append(loader._stream.submit(ahead.plan.indices[len(ahead.seqs)], ahead.plan.epoch))

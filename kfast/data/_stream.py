@@ -100,6 +100,10 @@ class Stream:
             batch = self._pool.result(seq, self.interrupt_mark)
         self._dispatched.discard(seq)
         self.wait_seconds += time.perf_counter() - start
+        skipped = self._pool.take_skipped() if self._pool is not None else []
+        add_skipped = getattr(self._loader.dataset, "add_skipped", None)
+        if skipped and callable(add_skipped):
+            add_skipped(skipped)  # the dataset counts and reports them, and may stop the run past its cap
         self.interrupt_mark = time.monotonic()
         flat = structure.flatten(batch)
         got = structure.signature(batch, flat)

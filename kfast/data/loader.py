@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,9 +12,9 @@ import keras
 
 from kfast._core.checks import check_int, check_number
 from kfast._core import topology
-from kfast.data import position
 from kfast.data._epoch import Ahead, EpochIterator
 from kfast.data._keras_epochs import KerasEpochs
+from kfast.data._loader_position import LoaderPosition
 from kfast.data._cursor import Cursor
 from kfast.data._loader_args import MAX_TASKS_PER_WORKER, capped_workers, default_seed
 from kfast.data._loader_args import default_workers, keras_data_shards, length, overrides
@@ -22,13 +23,12 @@ from kfast.data._stream import Stream
 from kfast.data._workers import interrupt
 from kfast.data._workers import signals
 from kfast.data._workers.pool import WorkerError
-from kfast.data.position import EpochOrder
 from kfast.data.settings import LoaderSettings
 
 __all__ = ["FastLoader", "WorkerError"]
 
 
-class FastLoader(KerasEpochs, keras.utils.PyDataset):
+class FastLoader(LoaderPosition, KerasEpochs, keras.utils.PyDataset):
     """Loads a dataset's batches in parallel, ahead of training, without pickling numeric batches.
 
     Wrap any dataset with `__len__` and `__getitem__(index) -> batch` (a `keras.utils.PyDataset`, a
@@ -192,7 +192,7 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
         self._lock = threading.RLock()
         self._stream = Stream(self)
         self._cursor = Cursor(self._order, self._shuffled(), seed is not None)
-        self._current: EpochIterator | None = None
+        self._current_ref: weakref.ref[EpochIterator] | None = None  # the latest iteration, while someone holds it
         self._ahead: Ahead | None = None
         self._quiet: Any = None  # the warnings filter of a resumed Keras epoch
         self._signature: Any = None  # the tf.data signature of the batches, once asked for
@@ -244,62 +244,6 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
         """Samples handed out so far."""
         return self._stream.samples_served
 
-    # -- position -------------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: the epoch under way and the batches of it handed out (none between epochs),
-        its seed and shard layout, with a format version; `load_state_dict` takes it back.
-
-        Returns:
-            A dict of plain values (JSON-serialisable).
-
-        Example:
-
-        >>> import numpy as np, kfast
-        >>> data = kfast.data.ArrayDataset(np.zeros((8, 1)), np.arange(8), batch_size=2)
-        >>> loader = kfast.data.FastLoader(data, workers=1, use_multiprocessing=False, shuffle=True, seed=3)
-        >>> stream = iter(loader); trained = [next(stream)[1].tolist() for _ in range(2)]
-        >>> state = loader.state_dict(); state["epoch"], state["batches_done"]
-        (0, 2)
-        >>> again = kfast.data.FastLoader(data, workers=1, use_multiprocessing=False, shuffle=True, seed=3)
-        >>> again.load_state_dict(state)
-        >>> [y.tolist() for _, y in again] == [y.tolist() for _, y in stream]
-        True
-        >>> loader.close(); again.close()
-        """
-        with self._lock:
-            return self._cursor.state(self._current)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Makes the next iteration go on from `state` (from `state_dict()`, or a checkpoint's, which holds every
-        rank's seed and resumes on any number of ranks): the rest of its epoch in the order it had, then the
-        next epochs in theirs. The recorded seed replaces the loader's.
-
-        Args:
-            state: what `state_dict()` returned.
-
-        Raises:
-            ValueError: for a state of another form, version, dataset length or sharding.
-        """
-        order = position.order_of(state, self._order.rank, self._order.size)
-        with self._lock:
-            self._drop_iteration()
-            self._cursor.load(order)
-
-    @property
-    def epoch_offset(self) -> int:
-        """Batches of the epoch Keras is training that were trained before it began here (after a resume)."""
-        with self._lock:
-            plan = self._cursor.keras_plan()
-        return plan.start if plan is not None else 0
-
-    def epoch_order(self, trained: int, finished: bool = False) -> EpochOrder:
-        """This rank's order of the epoch Keras is training, `trained` batches into it by Keras's count (what a
-        checkpoint records: Keras on TensorFlow loads ahead of what it trained); with `finished`, the order
-        the next epoch starts with."""
-        with self._lock:
-            return self._cursor.epoch_order(trained, finished)
-
     # -- iteration ------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
@@ -321,8 +265,26 @@ class FastLoader(KerasEpochs, keras.utils.PyDataset):
             if stream.outstanding != len(adopted):
                 stream.close()  # what was loaded ahead belongs to another order, or to an iteration left early
                 adopted = []
-            self._current = EpochIterator(self, plan, list(adopted), stream.generation)
-            return self._current
+            it = EpochIterator(self, plan, list(adopted), stream.generation)
+            self._current = it
+            return it
+
+    @property
+    def _current(self) -> EpochIterator | None:
+        return self._current_ref() if self._current_ref is not None else None
+
+    @_current.setter
+    def _current(self, it: EpochIterator | None) -> None:
+        self._current_ref = weakref.ref(it) if it is not None else None
+
+    def _dropped(self, it: EpochIterator) -> None:
+        """`it`, this loader's latest iteration, was dropped before its end: its epoch ends and the workers stop."""
+        with self._lock:
+            if it.finished or it.stale:
+                return
+            self._abandon(it)
+            self._current, self._ahead = None, None
+            self._stream.close()
 
     def _abandon(self, it: EpochIterator) -> None:
         # An epoch left early still ends: the dataset's on_epoch_end follows its on_epoch_begin, as Keras calls

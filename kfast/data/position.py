@@ -48,6 +48,7 @@ class EpochOrder:
         total: batches in the dataset the loaders read (a `ShardedDataset`: batches in the shard).
         sharded: `"loader"` (the loader's own sharding) or `"given"` (a `ShardedDataset` of the user's).
         done: positions of the global order already trained.
+        dataset_state: the dataset's own `state_dict()` when it has one (a `PackedDataset`'s seed), rank 0's.
     """
 
     seeds: tuple[int, ...]
@@ -57,6 +58,7 @@ class EpochOrder:
     total: int
     sharded: str
     done: int = 0
+    dataset_state: Any = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form a checkpoint stores."""
@@ -67,7 +69,8 @@ class EpochOrder:
         """The order stored by `as_dict`, or None for anything else (an older checkpoint)."""
         try:
             order = cls(tuple(int(s) for s in value["seeds"]), int(value["size"]), int(value["epoch"]),
-                        bool(value["shuffled"]), int(value["total"]), str(value["sharded"]), int(value["done"]))
+                        bool(value["shuffled"]), int(value["total"]), str(value["sharded"]), int(value["done"]),
+                        value.get("dataset_state"))
         except (TypeError, KeyError, ValueError):
             return None
         return order if len(order.seeds) == order.size and order.sharded in (OWN, GIVEN) else None
@@ -113,7 +116,7 @@ def state_of(order: EpochOrder, rank: int) -> dict[str, Any]:
     return {"version": STATE_VERSION, "epoch": order.epoch, "batches_done": order.done // order.size,
             "seed": order.seeds[rank if complete else 0], "seeds": list(order.seeds) if complete else None,
             "shuffle": order.shuffled, "rank": rank, "size": order.size, "length": order.total,
-            "sharding": order.sharded}
+            "sharding": order.sharded, **({"dataset": order.dataset_state} if order.dataset_state is not None else {})}
 
 
 def order_of(state: Any, rank: int, size: int, owner: str = "FastLoader.load_state_dict") -> EpochOrder:
@@ -143,7 +146,8 @@ def order_of(state: Any, rank: int, size: int, owner: str = "FastLoader.load_sta
             # The other ranks' seeds never matter to this rank on the same layout (see the NOTE above).
             seeds = [int(state["seed"])] * recorded
         order = EpochOrder(tuple(int(s) for s in seeds), recorded, int(state["epoch"]), bool(state["shuffle"]),
-                           int(state["length"]), str(state["sharding"]), int(state["batches_done"]) * recorded)
+                           int(state["length"]), str(state["sharding"]), int(state["batches_done"]) * recorded,
+                           state.get("dataset"))
     except (KeyError, TypeError) as e:
         raise ValueError(f"{owner} got a state without a readable {e}; it takes the dict that "
                          "FastLoader.state_dict() returns.") from None

@@ -11,6 +11,7 @@ import pytest
 
 import datasets
 from helpers import REPO
+from helpers import loader_workers as _workers
 from helpers import interrupt_and_wait
 from kfast.data import ArrayDataset
 from kfast.data import FastLoader
@@ -21,21 +22,6 @@ MODES = [pytest.param(True, id="processes"), pytest.param(False, id="threads")]
 
 def _ids(batches):
     return [int(x[0, 0]) for x, _ in batches]
-
-
-def _workers(process=None):
-    """Loader worker processes: descendants, less multiprocessing's resource tracker and fork server."""
-    found = []
-    for child in (process or psutil.Process()).children():
-        try:
-            cmdline = " ".join(child.cmdline())
-            if "forkserver" in cmdline:
-                found += child.children()  # workers are forked by the server, and share its command line
-            elif "resource_tracker" not in cmdline:
-                found.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return found
 
 
 def _tree(process):

@@ -86,38 +86,45 @@ def test_single_class_folder_is_an_error(tmp_path):
 def test_truncated_image_is_an_error_naming_the_file(fmt, name, tmp_path):
     root = image_folder(tmp_path)
     bad = truncated(tmp_path / "b" / name, fmt)
+    folder = image_classification.ImageFolder(root, batch_size=13, size=16)  # lists only: the check comes on reading
+    with pytest.raises(ValueError, match=rf"cannot decode {re.escape(bad)} \(\w+Error.*{SKIP_HINT}"):
+        folder[0]
+    # index_images is the explicit check of every file before training.
     with pytest.raises(ValueError, match=rf"1 of 13 image\(s\) under .* cannot be read: {re.escape(bad)} \(\w+Error"):
-        image_classification.ImageFolder(root, batch_size=4, size=16)
-    with pytest.raises(ValueError, match=SKIP_HINT):
-        image_classification.ImageFolder(root, batch_size=4, size=16)
+        image_classification.index_images(root)
 
 
-def test_skip_bad_files_leaves_unreadable_images_out_and_lists_them(tmp_path):
+def test_skip_bad_files_replaces_unreadable_images_and_names_them(tmp_path, capsys):
     root = image_folder(tmp_path)
     bad = [truncated(tmp_path / "a" / "x.jpg", "JPEG"), truncated(tmp_path / "b" / "y.png", "PNG")]
     (tmp_path / "b" / "z.png").write_text("<html>not an image</html>")
+    bad.append(str(tmp_path / "b" / "z.png"))
     folder = image_classification.ImageFolder(root, batch_size=4, size=16, skip_bad_files=True)
-    assert folder.skipped == bad + [str(tmp_path / "b" / "z.png")]
-    assert len(folder.files) == 12 and not set(folder.skipped) & {path for path, _ in folder.files}
     images = np.concatenate([folder[i][0] for i in range(len(folder))])
-    assert images.shape == (12, 16, 16, 3)
+    assert images.shape == (15, 16, 16, 3)  # each bad image's place taken by the next readable one
+    assert sorted(folder.bad_files) == sorted(bad)
+    err = capsys.readouterr().err
+    assert all(err.count(f"--skip-bad-files: cannot decode {path} (") == 1 for path in bad), err
+    # The explicit check up front leaves them out instead, and lists them.
+    classes, files, skipped = image_classification.index_images(root, skip_bad_files=True)
+    assert skipped == bad and len(files) == 12 and not set(skipped) & {path for path, _ in files}
 
 
-def test_image_that_fails_in_a_worker_is_named_or_replaced(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(image_classification, "_DECODE_CHECK_BYTES", 0)  # big-folder mode: headers only
+def test_image_that_fails_in_a_worker_is_named_or_replaced(tmp_path, capsys):
     root = image_folder(tmp_path)
-    bad = truncated(tmp_path / "a" / "00.png", "PNG")  # its header is whole: it passes the index check
+    bad = truncated(tmp_path / "a" / "00.png", "PNG")  # its header is whole: only decoding it fails
     folder = image_classification.ImageFolder(root, batch_size=13, size=16)
     with pytest.raises(ValueError, match=rf"cannot decode {re.escape(bad)} \(OSError: .*truncated.*{SKIP_HINT}"):
         folder[0]
     folder = image_classification.ImageFolder(root, batch_size=13, size=16, skip_bad_files=True)
-    images, labels = folder[0]
-    assert images.shape == (13, 16, 16, 3) and sorted(labels) == [0] * 7 + [1] * 6
+    for _ in range(2):  # named once per process, however often it is read
+        images, labels = folder[0]
+        assert images.shape == (13, 16, 16, 3) and sorted(labels) == [0] * 7 + [1] * 6
     assert capsys.readouterr().err.count(f"--skip-bad-files: cannot decode {bad}") == 1
 
 
 @pytest.mark.timeout(180)
-def test_kfast_train_skip_bad_files_prints_how_many_it_skipped(tmp_path):
+def test_kfast_train_skip_bad_files_prints_how_many_it_skipped(tmp_path):  # tests/conftest.py marks it by this name
     image_folder(tmp_path / "imgs", per_class=8)
     truncated(tmp_path / "imgs" / "a" / "bad.png", "PNG")
     proc = subprocess.run([KFAST, "train", "image-classification", "--data", "imgs", "--skip-bad-files", "--epochs",
@@ -125,8 +132,11 @@ def test_kfast_train_skip_bad_files_prints_how_many_it_skipped(tmp_path):
                           capture_output=True, text=True, timeout=150, cwd=tmp_path,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KFAST_CACHE_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
+    assert "--skip-bad-files: images that cannot be decoded are skipped as they are read" in proc.stdout
     bad = os.path.join("imgs", "a", "bad.png")
-    assert f"--skip-bad-files: skipped 1 of 17 image(s) that cannot be read: {bad}" in proc.stdout
+    # Named, and counted, by the process that read it.
+    assert re.search(rf"--skip-bad-files: cannot decode {re.escape(bad)} \(OSError.*\(1 unreadable of \d+ images read "
+                     rf"by process \d+ so far\)", proc.stderr), proc.stderr
     assert " - loss: " in proc.stdout  # it trained on the rest
 
 

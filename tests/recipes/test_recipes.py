@@ -99,3 +99,17 @@ def test_recipes_lists_every_recipe(tmp_path):
     assert proc.returncode == 0
     for name in SMALL:
         assert f"  {name} " in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_image_recipe_trains_on_packed_shards_and_says_so(tmp_path):
+    assert kfast("train", "image-classification", "--make-sample", "imgs", cwd=tmp_path).returncode == 0
+    packed = kfast("pack", "imgs", "packed", "--shard-size", "20", cwd=tmp_path)
+    assert packed.returncode == 0, packed.stderr
+    run = kfast("train", "image-classification", "--data", "packed", "--epochs", "3", "--workers", "2",
+                "--warmup-epochs", "0", "--batch-size", "16", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "--data packed: packed shards, 96 samples in 5 shard(s), 4 classes" in run.stdout
+    got = losses(run.stdout)
+    assert len(got) == 3 and got[-1] < got[0], run.stdout

@@ -64,6 +64,7 @@ class InSharedMemory:
     seq: int
     spec: Any
     layout: list[tuple[Any, tuple[int, ...], int]]
+    skipped: tuple[str, ...] = ()  # bad records the dataset left out of it (its `take_skipped()`)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ class Pickled:
     spec: Any
     leaves: list[Any]
     wanted: int
+    skipped: tuple[str, ...] = ()  # as InSharedMemory's
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -111,6 +111,7 @@ class ProcessPool:
             ) from e
         sweep.sweep()  # what loaders of processes killed with their whole group left behind
         self._slots, self._timeout = slots, timeout
+        self._skipped: list[str] = []  # bad records reported with the replies decoded (take_skipped)
         self._state: dict[str, Any] = {"rings": [], "stacks": []}
         self._ring = None
         ring = self._ring_message()
@@ -266,8 +267,14 @@ class ProcessPool:
         except (EOFError, OSError):
             pass
 
+    def take_skipped(self):
+        """Bad records the workers' dataset left out of the batches returned since the last call."""
+        skipped, self._skipped = self._skipped, []
+        return skipped
+
     def _decode(self, reply):
         ring, slot = self._busy.pop(reply.seq, (None, -1))
+        self._skipped.extend(getattr(reply, "skipped", ()))
         if isinstance(reply, messages.InSharedMemory):
             self.shm_batches += 1
             return structure.unflatten(reply.spec, ring.export(slot, reply.layout))

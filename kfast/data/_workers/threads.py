@@ -80,6 +80,11 @@ class ThreadPool:
         self._futures[seq] = (index, future)
         self._tasks.put((future, self._load, index))
 
+    def take_skipped(self):
+        """Bad records the shared dataset left out since the last call (its `take_skipped()`)."""
+        take = getattr(self._dataset, "take_skipped", None)
+        return list(take()) if callable(take) else []
+
     def update_dataset(self, dataset):
         self._dataset, self._template, self._probed = dataset, None, False
         self._load = self._first_load if fill.method(dataset) is not None else dataset.__getitem__

@@ -14,6 +14,7 @@ dataset's code is stuck), so the loader can say where a slow batch is.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import mmap
 import os
@@ -187,6 +188,10 @@ def run(conn: Any, lifeline: Any, stack_conn: Any, dataset_payload: bytes, ring:
                 if not probed:
                     template, probed = fill.template_of(dataset), True
                 reply = _load(dataset, task, shm, slot_bytes, template)
+                take_skipped = getattr(dataset, "take_skipped", None)
+                if callable(take_skipped):
+                    skipped = tuple(take_skipped())
+                    reply = dataclasses.replace(reply, skipped=skipped) if skipped else reply
             except Exception as e:  # noqa: BLE001 - every dataset error goes back to the parent
                 reply = _failed(task, worker_id, e)
             try:
