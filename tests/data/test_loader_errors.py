@@ -3,13 +3,13 @@ over it can be endless; an iteration dropped midway ends its workers at once (is
 
 import gc
 import threading
-import time
+
+import psutil
 
 import pytest
 
 from kfast.data import FastLoader
 import datasets
-from helpers import loader_workers as _workers
 
 MODES = [pytest.param(False, id="threads"), pytest.param(True, id="processes")]
 
@@ -53,11 +53,12 @@ def _loader_threads():
 @pytest.mark.timeout(60)
 def test_a_dropped_iteration_ends_its_threads_at_once():
     # PyTorch's test_partial_workers: 4 workers, take a few batches, drop the iterator, the workers end.
+    before = set(_loader_threads())  # other tests' loaders may still be collected later
     loader = FastLoader(datasets.Squares(n=40), workers=4, use_multiprocessing=False)
     it = iter(loader)
     for _ in range(3):
         next(it)
-    threads = _loader_threads()
+    threads = [t for t in _loader_threads() if t not in before]
     assert len(threads) == 4
     del it
     gc.collect()
@@ -73,20 +74,21 @@ def test_a_dropped_iteration_ends_its_worker_processes():
     loader = FastLoader(datasets.Squares(n=40), workers=2)
     it = iter(loader)
     next(it)
-    assert len(_workers()) == 2
+    workers = [psutil.Process(p.pid) for p in loader._stream._pool._processes]  # this loader's own
+    assert len(workers) == 2 and all(w.is_running() for w in workers)
     del it
     gc.collect()
-    deadline = time.monotonic() + 10
-    while _workers() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _workers()
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive
     loader.close()
 
 
 def test_a_finished_iteration_dropped_keeps_the_workers_for_the_next_epoch():
+    before = set(_loader_threads())
     with FastLoader(datasets.Squares(n=4), workers=2, use_multiprocessing=False) as loader:
         assert len(list(loader)) == 4
-        threads = _loader_threads()
+        threads = [t for t in _loader_threads() if t not in before]
         assert len(threads) == 2
         assert len(list(loader)) == 4
-        assert _loader_threads() == threads  # the same threads served the second epoch
+        assert all(t.is_alive() for t in threads)  # the same threads served the second epoch
+        assert [t for t in _loader_threads() if t not in before] == threads

@@ -148,10 +148,11 @@ class PackedBatches:
         for shard in np.unique(shards):
             at = np.flatnonzero(shards == shard)
             offsets = [int(o) for o in picks[at] - starts[shard]]
+            reader = self._reader(int(shard))  # storage errors (credentials, network) are not bad records: raised
             try:
-                got = self._reader(int(shard)).read(offsets)
+                got = reader.read(offsets)
             except Exception:  # noqa: BLE001 - one record at a time, to name the bad one
-                got = [self._one(int(shard), o, int(picks[i])) for i, o in zip(at, offsets)]
+                got = [self._one(reader, int(shard), o, int(picks[i])) for i, o in zip(at, offsets)]
             for j, record in zip(at, got):
                 records[int(j)] = record
         samples = []
@@ -170,9 +171,9 @@ class PackedBatches:
                 self._skipped.append(why)
         return samples
 
-    def _one(self, shard: int, offset: int, index: int) -> Any:
+    def _one(self, reader: Any, shard: int, offset: int, index: int) -> Any:
         try:
-            return self._reader(shard).read([offset])[0]
+            return reader.read([offset])[0]
         except Exception as e:  # noqa: BLE001 - reported as a bad record
             return BadRecord(f"{self._where(shard, offset, index)}: {type(e).__name__}: {e}")
 

