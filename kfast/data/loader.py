@@ -64,7 +64,8 @@ class FastLoader(LoaderPosition, KerasEpochs, keras.utils.PyDataset):
 
     Order: each `iter(loader)`, and each epoch of `fit`, `evaluate` or `predict`, is a new epoch that starts at
     its first batch, as with Keras's `PyDataset` and PyTorch's `DataLoader`: looking at one batch with
-    `next(iter(loader))` costs the next loop nothing. With `shuffle=None` (the default) training data is a new
+    `next(iter(loader))` leaves the next loop whole (an iteration dropped before its end stops the workers,
+    which the next one starts again). With `shuffle=None` (the default) training data is a new
     permutation every epoch, fixed by `seed` and the epoch's number, and any other loader reads in index
     order; `shuffle=True` or `False` fixes the choice. Either way every index comes exactly once per epoch. The
     loader is Keras's data adapter, which Keras passes through as is: `fit(shuffle=...)` and
@@ -122,7 +123,7 @@ class FastLoader(LoaderPosition, KerasEpochs, keras.utils.PyDataset):
     >>> import numpy as np, kfast
     >>> data = kfast.data.ArrayDataset(np.arange(12.0).reshape(6, 2), np.arange(6), batch_size=2)
     >>> with kfast.data.FastLoader(data, workers=2, use_multiprocessing=False) as loader:
-    ...     x, y = next(iter(loader))  # a look at one batch costs the next loop nothing
+    ...     x, y = next(iter(loader))  # a look at one batch leaves the next loop whole
     ...     [y.tolist() for x, y in loader]
     [[0, 1], [2, 3], [4, 5]]
     """

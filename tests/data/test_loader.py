@@ -134,7 +134,8 @@ def test_a_worker_that_dies_ends_iteration_with_an_error():
 def test_close_leaves_no_processes_or_shared_memory():
     before = _shm_segments()
     loader = FastLoader(datasets.Squares(n=6), workers=2)
-    next(iter(loader))
+    it = iter(loader)  # held: an iteration dropped midway stops the workers itself (test_loader_errors.py)
+    next(it)
     assert len(_workers()) == 2
     assert len(_shm_segments() - before) == 1
     loader.close()
