@@ -32,6 +32,9 @@ parser.add_argument("--signal-rank", type=int, default=0)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--processes", action="store_true")
+parser.add_argument("--packed", default=None,
+                    help="read a pack (kfast pack) of samples (x, [target, sample id]) instead: its first sample's id "
+                         "names each batch in the log")
 parser.add_argument("--stuck-at", type=int, default=-1,
                     help="a batch index whose loading never ends in the second epoch (when training is under way)")
 parser.add_argument("--hold-at", type=int, default=-1,
@@ -130,7 +133,9 @@ model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
 model.compile(kfast.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss, metrics=[BatchIndex()],
               jit_compile=False)
 checkpoints = os.path.join(args.dir, "checkpoints")
-with kfast.data.FastLoader(Indexed(args.stuck_at, args.marker), training=True, workers=2, use_multiprocessing=args.processes,
+dataset = Indexed(args.stuck_at, args.marker) if args.packed is None else \
+    kfast.data.PackedDataset(args.packed, batch_size=BATCH, seed=3 if args.resume else 5)  # the resume takes 5 back
+with kfast.data.FastLoader(dataset, training=True, workers=2, use_multiprocessing=args.processes,
                            seed=args.seed) as loader:
     # The loader's position is saved in each checkpoint and handed back by restore(), both through loader=.
     initial_epoch = kfast.distributed.restore(model, checkpoints, loader=loader) if args.resume else 0

@@ -225,3 +225,31 @@ def test_a_two_rank_checkpoint_resumed_on_one_rank_trains_each_remaining_batch_o
     assert len([1 for e, _ in before[0] if e == "1"]) == 3
     assert len([1 for e, _ in after if e == "1"]) == STEPS - 2 * 3
     assert sorted(i for e, i in after if e == "2") == sorted(str(i) for i in range(STEPS))
+
+
+def test_a_packed_dataset_stopped_on_two_ranks_resumes_on_one_with_every_sample_of_the_epoch_once(tmp_path):
+    # Issue 48: the samples of a batch follow the pack's permutation, keyed by the dataset's seed (5 in the first
+    # run, 3 given to the resumed one: the checkpoint must put 5 back). Each batch's first sample id is logged.
+    from helpers import _horovodrun
+
+    import kfast
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS * 4, 3)).astype("float32")
+    y = np.stack([x.sum(1), np.arange(len(x))], 1).astype("float32")
+    packed = kfast.data.pack((x, y), str(tmp_path / "pack"), shard_size=8, verbose=0)
+    at = TWO_STEPS + 1
+    _horovod(_horovodrun(), tmp_path, "--seed", 7, "--signal-at", at, "--packed", packed, stopped=True)
+    before = {rank: _steps(tmp_path, rank) for rank in (0, 1)}
+    for rank in (0, 1):
+        os.rename(tmp_path / f"log-{rank}.txt", tmp_path / f"before-{rank}.txt")
+    alone = _run(tmp_path, "--resume", "--packed", packed)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    after = _steps(tmp_path, 0)
+    # Epoch 1's batches, named by their first sample: with seed 5 these are the first samples of its 10 batches.
+    data = kfast.data.PackedDataset(packed, batch_size=4, seed=5)
+    data.set_epoch(1)
+    firsts = sorted(str(data.indices(b)[0]) for b in range(STEPS))
+    epoch_1 = [i for e, i in before[0] + before[1] + after if e == "1"]
+    assert sorted(epoch_1) == firsts, (epoch_1, firsts)  # every batch once, none twice, the recorded permutation
+    assert len([1 for e, _ in after if e == "1"]) == STEPS - 2 * 3
