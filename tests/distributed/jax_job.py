@@ -37,6 +37,9 @@ parser.add_argument("--hold-at", type=int, default=-1,
 parser.add_argument("--marker")
 parser.add_argument("--lr", type=float, default=0.02, help="one process's rate; default_callbacks scales it by size")
 parser.add_argument("--warmup-epochs", type=int, default=1)
+parser.add_argument("--packed", action="store_true",
+                    help="read the samples from a pack (kfast pack) with a permutation seeded 5, or 3 with --resume: "
+                         "the checkpoint must put 5 back")
 args = parser.parse_args()
 
 kfast.distributed.init()
@@ -98,7 +101,14 @@ class Record(keras.callbacks.Callback):
 
 model = build()
 model.compile(kfast.DistributedOptimizer(keras.optimizers.SGD(args.lr, momentum=0.9)), loss)
-data = kfast.data.ArrayDataset(x, y, batch_size=args.batch)
+if args.packed:
+    # Each process packs into a folder of its own (these hosts may share no disk); the packs are identical.
+    packed = kfast.data.pack((x, y), os.path.join(args.dir, f"pack-{rank}"), shard_size=32, verbose=0) \
+        if not os.path.exists(os.path.join(args.dir, f"pack-{rank}", "kfast-pack.json")) \
+        else os.path.join(args.dir, f"pack-{rank}")
+    data = kfast.data.PackedDataset(packed, batch_size=args.batch, seed=3 if args.resume else 5)
+else:
+    data = kfast.data.ArrayDataset(x, y, batch_size=args.batch)
 with kfast.data.FastLoader(data, training=True, workers=1) as loader:
     initial_epoch = kfast.distributed.restore(model, checkpoints, loader=loader) if args.resume else 0
     callbacks = [Record(), *kfast.distributed.default_callbacks(checkpoints, warmup_epochs=args.warmup_epochs, monitor="loss",
