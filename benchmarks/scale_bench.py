@@ -49,11 +49,12 @@ import numpy as np  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 64
 CLASSES = 10
-SIDE = 32
+# Side of the packed samples' square images: KFAST_SCALE_SIDE=16 makes 10^7 samples 8 GB instead of 30 GB.
+SIDE = int(os.environ.get("KFAST_SCALE_SIDE", "32"))
 TF_SHUFFLE_BUFFER = 10_000
 TF_FILES = 16
 CHUNK = 100_000
-LOADERS = ("kfast-packed", "grain-ar", "tfdata-tfrec", "streaming-mds", "kfast-files", "keras-files")
+LOADERS = ("kfast-packed", "kfast-window", "grain-ar", "tfdata-tfrec", "streaming-mds", "kfast-files", "keras-files")
 
 # ------------------------------------------------------------------------------------------------------
 # Data: made once, reused.
@@ -166,10 +167,23 @@ def _kfast(dataset_fn):
     return build, state_of, resume, lambda: held["loader"].close()
 
 
+def _packed_dir(a) -> str:
+    """The folder name of the packed data (its side in it, when not 32)."""
+    return f"packed-{a.packed}" + ("" if SIDE == 32 else f"-{SIDE}px")
+
+
 def kfast_packed(a):
     from kfast.data import PackedDataset
 
-    return _kfast(lambda: PackedDataset(os.path.join(a.data, f"packed-{a.packed}", "kfast"), BATCH, seed=0))
+    return _kfast(lambda: PackedDataset(os.path.join(a.data, _packed_dir(a), "kfast"), BATCH, seed=0))
+
+
+def kfast_window(a):
+    # Whole shards in a random order, the samples of each 4 mixed: reads stay within 4 shards at a time.
+    from kfast.data import PackedDataset
+
+    return _kfast(lambda: PackedDataset(os.path.join(a.data, _packed_dir(a), "kfast"), BATCH, seed=0,
+                                        shuffle_window=4))
 
 
 def kfast_files(a):
@@ -202,7 +216,7 @@ class GrainDecode(_MapBase):
 def grain_ar(a):
     import grain
 
-    shards = sorted(glob.glob(os.path.join(a.data, f"packed-{a.packed}", "kfast", "*.array_record")))
+    shards = sorted(glob.glob(os.path.join(a.data, _packed_dir(a), "kfast", "*.array_record")))
 
     def loader():
         source = grain.sources.ArrayRecordDataSource(shards)
@@ -243,7 +257,7 @@ def _tf_checkpointed(make, where):
 def tfdata_tfrec(a):
     import tensorflow as tf
 
-    files = sorted(glob.glob(os.path.join(a.data, f"packed-{a.packed}", "tfrecord", "*.tfrecord")))
+    files = sorted(glob.glob(os.path.join(a.data, _packed_dir(a), "tfrecord", "*.tfrecord")))
     spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
     def parse(batch):
@@ -403,8 +417,8 @@ def main():
         return
     made = {
         "files": make_files(os.path.join(a.data, f"files-{a.files}"), a.files),
-        "kfast pack": make_packed(os.path.join(a.data, f"packed-{a.packed}", "kfast"), a.packed),
-        "tfrecords": make_tfrecords(os.path.join(a.data, f"packed-{a.packed}", "tfrecord"), a.packed),
+        "kfast pack": make_packed(os.path.join(a.data, _packed_dir(a), "kfast"), a.packed),
+        "tfrecords": make_tfrecords(os.path.join(a.data, _packed_dir(a), "tfrecord"), a.packed),
     }
     print("generation s (0 = reused): " + ", ".join(f"{k} {v:.1f}" for k, v in made.items()), flush=True)
     results = {}
