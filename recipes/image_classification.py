@@ -22,6 +22,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfast.data._image_files import MAX_BAD_FRACTION
 from kfast.data._image_files import ImageFiles
 from kfast.data._image_files import to_rgb
 
@@ -293,7 +294,7 @@ def build(args: argparse.Namespace) -> Recipe:
         if args.skip_bad_files and distributed.is_chief():
             print(f"--skip-bad-files: images that cannot be decoded are skipped as they are read (the next image "
                   f"takes its place); the loader's processes name the first few on stderr, and stop the run if more "
-                  f"than {_MAX_BAD_FRACTION:.0%} of the images one reads are unreadable.", flush=True)
+                  f"than {MAX_BAD_FRACTION:.0%} of the images one reads are unreadable.", flush=True)
         train_rows, val_rows = _common.split_rows(len(folder.files), args, fraction=0.2)
         train_files, val_files = [folder.files[i] for i in train_rows], [folder.files[i] for i in val_rows]
         skip = args.skip_bad_files

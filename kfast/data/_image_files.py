@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
 # With skip_bad_files, a process stops once more than _BAD_FILES_ALLOWED of the images it has read, and more than
-# _MAX_BAD_FRACTION of them, could not be decoded: that many is a wrong folder or a broken copy, not a few bad files.
-_MAX_BAD_FRACTION = 0.1
+# MAX_BAD_FRACTION of them, could not be decoded: that many is a wrong folder or a broken copy, not a few bad files.
+MAX_BAD_FRACTION = 0.1
 _BAD_FILES_ALLOWED = 10
 _BAD_FILES_NAMED = 5  # each process names this many on stderr, then gives the count at each doubling
 
@@ -80,10 +80,10 @@ class ImageFiles:
             return
         self.bad_files[path] = why
         bad, read, pid = len(self.bad_files), self.files_read, os.getpid()
-        if bad > max(_BAD_FILES_ALLOWED, _MAX_BAD_FRACTION * read):
+        if bad > max(_BAD_FILES_ALLOWED, MAX_BAD_FRACTION * read):
             shown = "; ".join(f"{p} ({w})" for p, w in itertools.islice(self.bad_files.items(), 3))
             raise ValueError(f"--skip-bad-files: {bad} of the {read} images process {pid} read under {self.root!r} "
-                             f"cannot be decoded (more than {_MAX_BAD_FRACTION:.0%}), among them {shown}. That many "
+                             f"cannot be decoded (more than {MAX_BAD_FRACTION:.0%}), among them {shown}. That many "
                              f"is more likely a wrong folder or a broken copy than a few bad files: check the folder "
                              f"(kfast.recipes.image_classification.index_images lists every unreadable file).")
         count = f"{bad} unreadable of {read} images read by process {pid} so far"
