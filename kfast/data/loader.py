@@ -283,6 +283,11 @@ class FastLoader(LoaderPosition, KerasEpochs, keras.utils.PyDataset):
         with self._lock:
             if it.finished or it.stale:
                 return
+            if it.done:
+                # Every batch was handed out (Keras takes an epoch's steps and never asks past them): the epoch
+                # ended, and the workers, with the next epoch's first batches loading, stay for the next one.
+                it.finish()
+                return
             self._abandon(it)
             self._current, self._ahead = None, None
             self._stream.close()

@@ -92,3 +92,19 @@ def test_a_finished_iteration_dropped_keeps_the_workers_for_the_next_epoch():
         assert len(list(loader)) == 4
         assert all(t.is_alive() for t in threads)  # the same threads served the second epoch
         assert [t for t in _loader_threads() if t not in before] == threads
+
+
+def test_an_iteration_dropped_after_its_last_batch_keeps_the_workers_and_what_they_loaded_ahead():
+    # Keras takes an epoch's steps and never asks past the last: that iteration ended, it was not left midway.
+    before = set(_loader_threads())
+    with FastLoader(datasets.Squares(n=4), workers=2, use_multiprocessing=False) as loader:
+        it = iter(loader)
+        assert [int(next(it)[1][0, 0]) for _ in range(4)] == [0, 1, 2, 3]
+        threads = [t for t in _loader_threads() if t not in before]
+        outstanding = loader._stream.outstanding
+        del it
+        gc.collect()
+        assert all(t.is_alive() for t in threads) and outstanding > 0
+        assert loader._stream.outstanding == outstanding  # the next epoch's first batches, loaded ahead, kept
+        assert [int(y[0, 0]) for _, y in loader] == [0, 1, 2, 3]
+        assert loader.state_dict()["epoch"] == 2
