@@ -25,6 +25,7 @@ import numpy as np
 from kfast.data._image_files import MAX_BAD_FRACTION
 from kfast.data._image_files import ImageFiles
 from kfast.data._image_files import to_rgb
+from kfast.data._worker_form_dataset import WorkerFormDataset
 
 if TYPE_CHECKING:
     import argparse
@@ -159,7 +160,7 @@ def index_images(root: str, skip_bad_files: bool = False) -> tuple[list[str], li
 # holds its own copy, so each names its first few bad files and applies the cap to what it has read itself.
 
 
-class ImageFolder(keras.utils.PyDataset):
+class ImageFolder(WorkerFormDataset):
     """Images under `root/<class>/*.{png,jpg,jpeg}`, decoded, resized and augmented in the loader's workers.
 
     Building one only lists the class folders: each image is opened when its batch is read. An image that
@@ -229,16 +230,6 @@ class ImageFolder(keras.utils.PyDataset):
     bad_files = property(lambda self: self._batches.bad_files)
     epoch = property(lambda self: self._batches.epoch)
     order = property(lambda self: self._batches.order)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffles the files for epoch `epoch`."""
-        self._batches.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._batches[index]
 
     def worker_dataset(self) -> ImageFiles:
         """The same batches without Keras (`kfast.data._image_files.ImageFiles`), for FastLoader's worker processes:

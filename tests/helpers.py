@@ -249,3 +249,17 @@ def loader_workers(process=None):
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def batch_in_fresh_python(form, index, folder):
+    """Batch `index` of `form` (a dataset's worker form), pickled, loaded in a fresh Python in `folder`, and which
+    of keras and tensorflow that Python imported: `(batch, {"keras": bool, "tensorflow": bool})`."""
+    import pickle
+
+    (folder / "form.pkl").write_bytes(pickle.dumps(form))
+    child = (f"import pickle, sys; batch = pickle.load(open('form.pkl', 'rb'))[{index}]; "
+             "pickle.dump((batch, {m: m in sys.modules for m in ('keras', 'tensorflow')}), open('out.pkl', 'wb'))")
+    proc = subprocess.run([sys.executable, "-c", child], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return pickle.loads((folder / "out.pkl").read_bytes())
+

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-
+from kfast.data._worker_form_dataset import WorkerFormDataset
 from kfast.data.array_batches import ArrayBatches
 
 
-class ArrayDataset(keras.utils.PyDataset):
+class ArrayDataset(WorkerFormDataset):
     """Serves `(x, y, sample_weight)` batches from in-memory arrays.
 
     With `shuffle=True` the samples are permuted anew each epoch by `set_epoch(epoch)`, a pure function
@@ -46,16 +45,6 @@ class ArrayDataset(keras.utils.PyDataset):
     batch_size = property(lambda self: self._batches.batch_size)
     shuffle = property(lambda self: self._batches.shuffle)
     seed = property(lambda self: self._batches.seed)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects epoch `epoch`'s sample order (a no-op without shuffle)."""
-        self._batches.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __getitem__(self, index: int) -> Any:
-        return self._batches[index]
 
     def fill_batch(self, index: int, out: Any) -> int:
         """Writes batch `index` into `out`, arrays shaped like batch 0's, and returns its number of samples.

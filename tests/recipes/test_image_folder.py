@@ -147,20 +147,13 @@ def test_skip_bad_files_stops_past_the_cap_with_the_count(tmp_path, capsys):
 def test_the_workers_get_the_batches_without_keras(tmp_path):
     # The benchmark's finding (issue 48): each worker of an ImageFolder imported Keras (650 MB); its worker form
     # unpickles in a fresh Python without it, and serves the same batches.
-    import pickle
-    import subprocess
-    import sys
+    from helpers import batch_in_fresh_python
 
     root = image_classification.write_sample(str(tmp_path / "imgs"), classes=2, per_class=6, size=8)
     folder = image_classification.ImageFolder(root, batch_size=4, size=8, augment=True, seed=3)
     folder.set_epoch(2)
-    (tmp_path / "form.pkl").write_bytes(pickle.dumps(folder.worker_dataset()))
-    child = ("import pickle, sys; form = pickle.load(open('form.pkl', 'rb')); batch = form[1]; "
-             "pickle.dump((batch, 'keras' in sys.modules, 'tensorflow' in sys.modules), open('out.pkl', 'wb'))")
-    proc = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    (images, labels), keras_loaded, tf_loaded = pickle.loads((tmp_path / "out.pkl").read_bytes())
-    assert not keras_loaded and not tf_loaded
+    (images, labels), imported = batch_in_fresh_python(folder.worker_dataset(), 1, tmp_path)
+    assert not imported["keras"] and not imported["tensorflow"]
     want_images, want_labels = folder[1]
     np.testing.assert_array_equal(images, want_images)
     np.testing.assert_array_equal(labels, want_labels)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import keras
-
 from kfast._core import topology
 from kfast._core.checks import check_int
 from kfast.data._loader_args import default_seed
+from kfast.data._worker_form_dataset import WorkerFormDataset
 from kfast.data.packed import layout
 from kfast.data.packed.reader import PackedBatches
 from kfast.data.packed.stores import open_store
@@ -17,7 +16,7 @@ from kfast.data.packed.stores import open_store
 _NAMED = 5  # bad records a warning names; the rest are counted
 
 
-class PackedDataset(keras.utils.PyDataset):
+class PackedDataset(WorkerFormDataset):
     """The batches of a pack (a folder or `s3://bucket/prefix` that `kfast pack` wrote), read by global sample
     index in FastLoader's workers.
 
@@ -128,16 +127,6 @@ class PackedDataset(keras.utils.PyDataset):
     batch_size = property(lambda self: self._batches.batch_size)
     seed = property(lambda self: self._batches.seed)
     classes = property(lambda self: list(self.info.classes) if self.info.classes is not None else None)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects epoch `epoch`'s permutation (FastLoader calls it in every worker)."""
-        self._batches.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __getitem__(self, index: int) -> Any:
-        return self._batches[index]
 
     def indices(self, index: int) -> list[int]:
         """The global sample indices of batch `index` in the current epoch."""

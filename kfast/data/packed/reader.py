@@ -61,6 +61,7 @@ class PackedBatches:
         self.image_size, self.drop_remainder, self.skip_bad_records = image_size, drop_remainder, skip_bad_records
         counts = np.array([count for _, count in info.shards], dtype=np.int64)
         self._ends = np.cumsum(counts)
+        self._starts = self._ends - counts  # the global index of each shard's first record
         self.num_samples = int(self._ends[-1]) if len(counts) else 0
         self._subset = None
         if subset is not None:
@@ -143,7 +144,7 @@ class PackedBatches:
 
     def _read(self, picks: np.ndarray) -> list[list[Any]]:
         shards = np.searchsorted(self._ends, picks, side="right")
-        starts = self._ends - np.array([count for _, count in self.info.shards])
+        starts = self._starts
         records: list[Any] = [None] * len(picks)
         for shard in np.unique(shards):
             at = np.flatnonzero(shards == shard)

@@ -201,18 +201,11 @@ def test_the_command_line_packs_a_folder_and_arrays(tmp_path, capsys):
 
 
 def test_the_workers_read_a_pack_without_keras(tmp_path):
-    import pickle
-    import subprocess
-    import sys
+    from helpers import batch_in_fresh_python
 
     out = pack(np.arange(40).reshape(20, 2), str(tmp_path / "p"), shard_size=6, verbose=0)
     data = PackedDataset(out, batch_size=4, seed=2)
     data.set_epoch(1)
-    (tmp_path / "form.pkl").write_bytes(pickle.dumps(data.worker_dataset()))
-    child = ("import pickle, sys; form = pickle.load(open('form.pkl', 'rb')); batch = form[2]; "
-             "pickle.dump((batch, 'keras' in sys.modules), open('out.pkl', 'wb'))")
-    proc = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    batch, keras_loaded = pickle.loads((tmp_path / "out.pkl").read_bytes())
-    assert not keras_loaded
+    batch, imported = batch_in_fresh_python(data.worker_dataset(), 2, tmp_path)
+    assert not imported["keras"]
     np.testing.assert_array_equal(batch, data[2])
